@@ -1,0 +1,191 @@
+"""The one typed configuration tree of a nodescale run.
+
+Every field has a default and a one-line description that doubles as CLI help.
+Sources are merged as defaults < YAML file (``--config``) < CLI flags and the
+result is validated here, before any process starts: unknown keys, wrong types
+and impossible combinations are rejected.
+
+This module must not import torch: validation runs in the launcher process,
+and ``nodescale config show`` should answer instantly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from nodescale.data.registry import DATASETS
+from nodescale.errors import UserError, unknown_choice
+from nodescale.models.registry import MODELS
+
+STRATEGIES = ("single", "dp", "ddp")
+
+
+class Section(BaseModel):
+    """Base of every section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(Section):
+    name: str = Field("cnn", description="model to train (see `nodescale models`)")
+    stem: Literal["auto", "imagenet", "cifar"] = Field(
+        "auto", description="ResNet stem: imagenet (7x7/2 + maxpool), cifar (3x3/1), auto by image size"
+    )
+    patch_size: int | None = Field(
+        None, ge=1, description="ViT patch size; default: the model's own, shrunk for small images"
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability (ViT)")
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in MODELS:
+            raise unknown_choice("model", value, MODELS)
+        return value
+
+
+class DataSection(Section):
+    name: str = Field("digits", description="dataset (see `nodescale datasets`)")
+    dir: Path | None = Field(None, description="directory (or file, for hdf5) holding the dataset")
+    val_fraction: float = Field(
+        0.2, gt=0.0, lt=1.0, description="share held out for validation when the dataset has no test split"
+    )
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes for datasets read from files")
+    samples: int = Field(2048, ge=1, description="synthetic/regression: number of training samples")
+    image_size: int | None = Field(
+        None, ge=1, description="synthetic: side of the square images; imagefolder: resize to this side"
+    )
+    channels: int = Field(3, ge=1, description="synthetic: image channels")
+    num_classes: int = Field(10, ge=1, description="synthetic: number of classes")
+
+    @field_validator("name")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        if value not in DATASETS:
+            raise unknown_choice("dataset", value, DATASETS)
+        return value
+
+
+class OptimSection(Section):
+    name: Literal["adamw", "adam", "sgd"] = Field("adamw", description="optimiser")
+    lr: float = Field(3e-3, gt=0.0, description="peak learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay (adamw) or L2 (sgd, adam)")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum")
+    schedule: Literal["constant", "cosine"] = Field("cosine", description="learning-rate schedule over the run")
+    warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up, in optimiser steps")
+    grad_clip: float | None = Field(None, gt=0.0, description="clip the global gradient norm to this value")
+
+
+class TrainSection(Section):
+    epochs: int = Field(10, ge=1, description="passes over the training set")
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps")
+    batch_size: int = Field(32, ge=1, description="samples per process per micro-batch")
+    grad_accum: int = Field(1, ge=1, description="micro-batches accumulated per optimiser step")
+    seed: int = Field(0, ge=0, description="seed of weights, data order and splits (same on every rank)")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast precision")
+    compile: bool = Field(False, description="torch.compile the model")
+    channels_last: bool = Field(False, description="channels_last memory format for image models")
+    log_every: int = Field(10, ge=1, description="optimiser steps between metric reductions and log lines")
+    timing_warmup_steps: int = Field(
+        5, ge=0, description="optimiser steps excluded from throughput and step-time figures"
+    )
+    progress: bool = Field(True, description="show a progress bar on rank 0")
+
+
+class StrategySection(Section):
+    name: str = Field("ddp", description="parallel strategy: single, dp or ddp")
+    nproc: int | Literal["auto"] = Field(
+        "auto", description="local processes to start; auto: one per GPU, or 2 on a CPU-only machine"
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="collective backend; auto: nccl on CUDA")
+    sync_batchnorm: bool = Field(False, description="synchronise BatchNorm statistics across ranks")
+    timeout_s: float = Field(600.0, gt=0, description="collective timeout in seconds")
+    bucket_cap_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size in MB")
+    static_graph: bool = Field(False, description="DDP static_graph (the same parameters used every step)")
+    gradient_as_bucket_view: bool = Field(True, description="DDP gradients as views into buckets (saves memory)")
+    find_unused_parameters: bool = Field(False, description="DDP: allow parameters without gradients")
+
+    @field_validator("name")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        if value not in STRATEGIES:
+            raise unknown_choice("strategy", value, STRATEGIES)
+        return value
+
+    @field_validator("nproc")
+    @classmethod
+    def _positive_nproc(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise UserError(f"nproc {value}", "must be at least 1 or 'auto'", "use --nproc 2, or leave it out")
+        return value
+
+
+class CheckpointSection(Section):
+    every: int = Field(0, ge=0, description="save every this many optimiser steps (0: only at the end)")
+    keep_last: int = Field(2, ge=1, description="checkpoints kept; older ones are deleted")
+    at_end: bool = Field(True, description="save a checkpoint when training ends")
+    resume: bool = Field(False, description="continue from the newest checkpoint in the run directory")
+
+
+class RunConfig(Section):
+    """The whole configuration of one run."""
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    strategy: StrategySection = Field(default_factory=StrategySection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    out: Path | None = Field(None, description="run directory; default runs/<model>-<dataset>-<time>")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        check_combinations(self)
+        return self
+
+
+def check_combinations(cfg: RunConfig) -> None:
+    """Reject combinations that cannot run, each with the fix."""
+    strategy = cfg.strategy
+    nproc = strategy.nproc
+    if strategy.name in ("single", "dp") and isinstance(nproc, int) and nproc > 1:
+        raise UserError(
+            f"strategy {strategy.name!r} with nproc {nproc}",
+            f"{strategy.name} runs in one process",
+            "use --strategy ddp for several processes",
+        )
+    if strategy.sync_batchnorm and strategy.name != "ddp":
+        raise UserError(
+            f"sync_batchnorm with strategy {strategy.name!r}",
+            "synchronised BatchNorm needs several processes",
+            "use --strategy ddp, or drop --sync-batchnorm",
+        )
+    model_task = MODELS[cfg.model.name].task
+    data_task = DATASETS[cfg.data.name].task
+    if model_task != "any" and data_task != "any" and model_task != data_task:
+        compatible = sorted(n for n, d in DATASETS.items() if d.task in (model_task, "any"))
+        raise UserError(
+            f"model {cfg.model.name!r} with dataset {cfg.data.name!r}",
+            f"the model does {model_task} but the dataset is for {data_task}",
+            f"use one of these datasets: {', '.join(compatible)}",
+        )
+    if DATASETS[cfg.data.name].needs_dir and cfg.data.dir is None:
+        raise UserError(
+            f"dataset {cfg.data.name!r}",
+            "needs the location of its files",
+            f"pass --data-dir PATH ({DATASETS[cfg.data.name].layout})",
+        )
+    if cfg.checkpoint.resume and cfg.out is None:
+        raise UserError(
+            "--resume without --out",
+            "resuming needs the run directory that holds the checkpoints",
+            "pass --out DIR of the run to continue",
+        )
+    if cfg.train.precision == "fp16" and cfg.strategy.name == "dp":
+        # GradScaler with DataParallel replicas is a known source of silent inf/NaN skips.
+        raise UserError(
+            "precision 'fp16' with strategy 'dp'", "not supported", "use --precision bf16, or --strategy ddp"
+        )

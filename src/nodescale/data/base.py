@@ -1,0 +1,49 @@
+"""The contract between a dataset format and the rest of nodescale.
+
+A dataset format is one module in ``nodescale.data`` holding a
+:class:`DatasetFormat`. The registry (``nodescale.data.registry``) lists formats
+by name without importing them, so validating a configuration stays cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from nodescale.models.spec import InputSpec
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from nodescale.config.schema import DataSection
+
+
+@dataclass
+class DatasetSplits:
+    """Training and validation sets and the shape of their samples.
+
+    Both sets return ``(x, y)`` per index, ``x`` a float32 tensor of
+    ``spec.shape`` and ``y`` an int64 class (classification) or a float32
+    vector of ``spec.num_classes`` targets (regression). Sets that can cut a
+    whole batch at once (``ArrayDataset``) also have ``get_batch``.
+    """
+
+    train: Dataset
+    val: Dataset
+    spec: InputSpec
+
+
+class DatasetFormat(Protocol):
+    """One data format: cheap checks, one-per-node preparation, loading."""
+
+    name: str
+    needs_dir: bool
+
+    def check(self, cfg: DataSection) -> None:
+        """Cheap checks before any process starts (files exist); raise ``UserError``."""
+
+    def prepare(self, cfg: DataSection) -> None:
+        """One process per node: idempotent work such as building a file index."""
+
+    def load(self, cfg: DataSection, seed: int) -> DatasetSplits:
+        """Both splits; any split of one set must depend on ``seed`` only."""

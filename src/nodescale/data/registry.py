@@ -1,0 +1,74 @@
+"""Dataset formats by name, without importing torch.
+
+Each entry names the module holding the format's ``FORMAT`` object (see
+``nodescale.data.base.DatasetFormat``) and what it needs, so configurations are
+validated before torch loads. Adding a format is one file plus one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from nodescale.errors import unknown_choice
+
+if TYPE_CHECKING:
+    from nodescale.data.base import DatasetFormat
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """Where a format lives, what task it serves and what files it expects."""
+
+    module: str
+    task: Literal["classification", "regression", "any"]
+    needs_dir: bool
+    layout: str  # what --data-dir must point at, for error hints
+    description: str
+
+    def load_format(self) -> DatasetFormat:
+        return importlib.import_module(self.module).FORMAT
+
+
+DATASETS: dict[str, DatasetEntry] = {
+    "digits": DatasetEntry(
+        "nodescale.data.digits", "classification", False, "no files needed",
+        "the 1,797 8x8 handwritten digits that scikit-learn ships",
+    ),
+    "mnist": DatasetEntry(
+        "nodescale.data.mnist", "classification", True,
+        "a directory with train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-* likewise",
+        "MNIST from its IDX files, raw or gzipped",
+    ),
+    "cifar10": DatasetEntry(
+        "nodescale.data.cifar10", "classification", True,
+        "the cifar-10-batches-py directory with data_batch_1..5 and test_batch",
+        "CIFAR-10 from its python pickle batches",
+    ),
+    "imagefolder": DatasetEntry(
+        "nodescale.data.imagefolder", "classification", True,
+        "a directory with one sub-directory of images per class, or train/ and val/ each laid out so",
+        "images in one directory per class",
+    ),
+    "hdf5": DatasetEntry(
+        "nodescale.data.hdf5", "classification", True,
+        "an .h5 file with train/images and train/labels datasets (and val/ or test/ likewise)",
+        "images and labels in an HDF5 file (like LUMI's Tiny-ImageNet)",
+    ),
+    "synthetic": DatasetEntry(
+        "nodescale.data.synthetic", "classification", False, "no files needed",
+        "random images generated on the device, for benchmarks",
+    ),
+    "regression": DatasetEntry(
+        "nodescale.data.regression", "regression", False, "no files needed",
+        "random 20-feature vectors with a noisy linear target (for the toy model)",
+    ),
+}
+
+
+def get_format(name: str) -> DatasetFormat:
+    """The format object registered under ``name``."""
+    if name not in DATASETS:
+        raise unknown_choice("dataset", name, DATASETS)
+    return DATASETS[name].load_format()

@@ -1,0 +1,48 @@
+"""User-facing errors: what was wrong, the rule it broke, and how to fix it.
+
+Every mistake a user can make (a bad flag, a missing file, an impossible
+combination) is raised as :class:`UserError`. The CLI prints it without a
+traceback and exits with status 2; everything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """A mistake in the user's input, reported as value + rule + hint."""
+
+    def __init__(self, what: str, rule: str, hint: str | None = None) -> None:
+        self.what = what
+        self.rule = rule
+        self.hint = hint
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        text = f"{self.what}: {self.rule}"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str | None:
+    """The closest of ``choices`` to ``value``, if any is close enough to suggest."""
+    matches = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def unknown_choice(kind: str, value: str, choices: Iterable[str]) -> UserError:
+    """The error for a name that is not one of the known ``choices``.
+
+    >>> str(unknown_choice("strategy", "fsdb", ["ddp", "fsdp"])).splitlines()[0]
+    "strategy 'fsdb': not one of ddp, fsdp"
+    """
+    options = sorted(choices)
+    guess = did_you_mean(value, options)
+    hint = f"did you mean {guess!r}?" if guess else f"choose one of: {', '.join(options)}"
+    return UserError(f"{kind} {value!r}", f"not one of {', '.join(options)}", hint)

@@ -1,0 +1,55 @@
+"""Models by name, without importing torch.
+
+Each entry names the module and builder function that make the model, so the
+configuration can be validated (and ``--help`` printed) before torch loads.
+Adding a model is one file in ``nodescale.models`` plus one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from nodescale.errors import unknown_choice
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from nodescale.config.schema import ModelSection
+    from nodescale.models.spec import InputSpec
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """Where a model's builder lives and what task it does."""
+
+    builder: str  # "module:function", the function taking (ModelSection, InputSpec)
+    task: Literal["classification", "regression", "any"]
+    description: str
+
+    def build(self, cfg: ModelSection, spec: InputSpec) -> nn.Module:
+        module_name, function_name = self.builder.split(":")
+        module = importlib.import_module(module_name)
+        return getattr(module, function_name)(cfg, spec)
+
+
+MODELS: dict[str, ModelEntry] = {
+    "toy": ModelEntry("nodescale.models.toy:build_toy", "regression", "linear regression with MSE (the DDP tutorial's)"),
+    "cnn": ModelEntry("nodescale.models.cnn:build_cnn", "classification", "2 conv-BN-ReLU-maxpool blocks (16, 32) + linear (CSC MNIST)"),
+    "resnet18": ModelEntry("nodescale.models.resnet:build_resnet18", "classification", "ResNet-18, basic blocks"),
+    "resnet34": ModelEntry("nodescale.models.resnet:build_resnet34", "classification", "ResNet-34, basic blocks"),
+    "resnet50": ModelEntry("nodescale.models.resnet:build_resnet50", "classification", "ResNet-50, bottleneck blocks"),
+    "resnet101": ModelEntry("nodescale.models.resnet:build_resnet101", "classification", "ResNet-101, bottleneck blocks"),
+    "resnet152": ModelEntry("nodescale.models.resnet:build_resnet152", "classification", "ResNet-152, bottleneck blocks"),
+    "vit_tiny": ModelEntry("nodescale.models.vit:build_vit_tiny", "classification", "ViT-Ti (192 wide, 12 blocks, 3 heads)"),
+    "vit_small": ModelEntry("nodescale.models.vit:build_vit_small", "classification", "ViT-S (384 wide, 12 blocks, 6 heads)"),
+    "vit_b16": ModelEntry("nodescale.models.vit:build_vit_b16", "classification", "ViT-B/16 (768 wide, 12 blocks, 12 heads)"),
+}
+
+
+def build_model(cfg: ModelSection, spec: InputSpec) -> nn.Module:
+    """The model named in ``cfg``, shaped for samples described by ``spec``."""
+    if cfg.name not in MODELS:
+        raise unknown_choice("model", cfg.name, MODELS)
+    return MODELS[cfg.name].build(cfg, spec)

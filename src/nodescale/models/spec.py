@@ -1,0 +1,36 @@
+"""What a dataset tells a model about its samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Task = Literal["classification", "regression"]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Shape of one input sample and what is predicted from it.
+
+    ``shape`` is per sample, without the batch dimension: ``(C, H, W)`` for
+    images, ``(F,)`` for feature vectors. ``num_classes`` is the number of
+    classes for classification and the number of regression targets for
+    regression.
+    """
+
+    shape: tuple[int, ...]
+    num_classes: int
+    task: Task = "classification"
+
+    @property
+    def is_image(self) -> bool:
+        return len(self.shape) == 3
+
+    @property
+    def channels(self) -> int:
+        return self.shape[0]
+
+    @property
+    def image_size(self) -> int:
+        """The smaller side of an image input."""
+        return min(self.shape[1:]) if self.is_image else 0
