@@ -64,3 +64,11 @@ class ArrayDataset(Dataset):
         mean = torch.tensor(self.mean, device=x.device).view(stat_shape)
         std = torch.tensor(self.std, device=x.device).view(stat_shape)
         return (x - mean) / std
+
+    @property
+    def nbytes(self) -> int:
+        return self.x.numel() * self.x.element_size() + self.y.numel() * self.y.element_size()
+
+    def to(self, device: torch.device) -> ArrayDataset:
+        """The same samples with their tensors on ``device`` (batches are then cut there)."""
+        return ArrayDataset(self.x.to(device), self.y.to(device), scale=self.scale, mean=self.mean, std=self.std)

@@ -1,0 +1,21 @@
+"""Parallel strategies by name."""
+
+from __future__ import annotations
+
+from nodescale.config.schema import StrategySection
+from nodescale.errors import unknown_choice
+from nodescale.strategies.base import Strategy
+
+
+def make_strategy(cfg: StrategySection) -> Strategy:
+    """The strategy object for ``cfg.name``."""
+    if cfg.name == "single":
+        from nodescale.strategies.single import SingleDevice
+        return SingleDevice()
+    if cfg.name == "dp":
+        from nodescale.strategies.dp import DataParallelStrategy
+        return DataParallelStrategy()
+    if cfg.name == "ddp":
+        from nodescale.strategies.ddp import DDPStrategy
+        return DDPStrategy(cfg)
+    raise unknown_choice("strategy", cfg.name, ("single", "dp", "ddp"))

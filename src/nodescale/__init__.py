@@ -1,0 +1,24 @@
+"""nodescale: distributed PyTorch training from one GPU to many nodes.
+
+The library API for your own scripts (``nodescale.init``) is imported lazily,
+so ``import nodescale`` and ``nodescale --help`` stay fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from nodescale.api import Context, init
+
+__all__ = ["Context", "init", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("init", "Context"):
+        from nodescale import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'nodescale' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from nodescale.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,26 @@
+"""``nodescale models`` and ``nodescale datasets``: what the registries hold."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    subparsers.add_parser("models", help="list the built-in models").set_defaults(handler=list_models)
+    subparsers.add_parser("datasets", help="list the dataset formats").set_defaults(handler=list_datasets)
+
+
+def list_models(args: argparse.Namespace) -> int:
+    from nodescale.models.registry import MODELS
+
+    for name, entry in MODELS.items():
+        print(f"{name:<10} {entry.task:<15} {entry.description}")
+    return 0
+
+
+def list_datasets(args: argparse.Namespace) -> int:
+    from nodescale.data.registry import DATASETS
+
+    for name, entry in DATASETS.items():
+        print(f"{name:<12} {entry.description}\n{'':<12} --data-dir: {entry.layout}")
+    return 0

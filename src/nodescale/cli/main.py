@@ -1,0 +1,42 @@
+"""``nodescale``: one subcommand per module; parse, call the library, print.
+
+User mistakes (``UserError``) are printed without a traceback and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nodescale import __version__
+from nodescale.cli import config_cmd, list_cmd, train_cmd
+from nodescale.errors import EXIT_USER_ERROR, UserError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nodescale",
+        description="Take a PyTorch training job from one GPU to many GPUs and many nodes.",
+    )
+    parser.add_argument("--version", action="version", version=f"nodescale {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    train_cmd.add_parser(subparsers)
+    config_cmd.add_parser(subparsers)
+    list_cmd.add_parsers(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except UserError as exc:
+        print(f"nodescale: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("nodescale: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

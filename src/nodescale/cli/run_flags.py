@@ -1,0 +1,92 @@
+"""The flags of ``nodescale train`` (and ``config show``), mapped to configuration keys.
+
+Help texts come from the configuration schema's field descriptions, so the
+two never disagree. Values are passed on as strings and converted by the
+schema, so every bad value gets the same kind of error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from nodescale.config.load import parse_assignment
+from nodescale.config.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    key: str
+    switch: Any = None  # value set by a flag that takes no argument
+
+
+FLAGS = (
+    Flag("--model", "model.name"),
+    Flag("--dataset", "data.name"),
+    Flag("--data-dir", "data.dir"),
+    Flag("--strategy", "strategy.name"),
+    Flag("--nproc", "strategy.nproc"),
+    Flag("--backend", "strategy.backend"),
+    Flag("--epochs", "train.epochs"),
+    Flag("--max-steps", "train.max_steps"),
+    Flag("--batch-size", "train.batch_size"),
+    Flag("--grad-accum", "train.grad_accum"),
+    Flag("--lr", "optim.lr"),
+    Flag("--optimizer", "optim.name"),
+    Flag("--seed", "train.seed"),
+    Flag("--precision", "train.precision"),
+    Flag("--log-every", "train.log_every"),
+    Flag("--checkpoint-every", "checkpoint.every"),
+    Flag("--keep-last", "checkpoint.keep_last"),
+    Flag("--out", "out"),
+    Flag("--sync-batchnorm", "strategy.sync_batchnorm", switch=True),
+    Flag("--compile", "train.compile", switch=True),
+    Flag("--channels-last", "train.channels_last", switch=True),
+    Flag("--resume", "checkpoint.resume", switch=True),
+    Flag("--no-progress", "train.progress", switch=False),
+)
+
+FLAG_NAMES = {flag.key: flag.name for flag in FLAGS}
+
+
+def describe(key: str) -> str:
+    """The schema's description of a dotted key."""
+    model: Any = RunConfig
+    *sections, name = key.split(".")
+    for section in sections:
+        model = model.model_fields[section].annotation
+    return model.model_fields[name].description or ""
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config``, every run flag and ``--set`` to ``parser``."""
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration (flags override it)")
+    for flag in FLAGS:
+        dest = flag.key.replace(".", "__")
+        if flag.switch is None:
+            parser.add_argument(flag.name, dest=dest, metavar=flag.name.strip("-").split("-")[-1].upper(),
+                                help=describe(flag.key))
+        else:
+            parser.add_argument(flag.name, dest=dest, action="store_const", const=flag.switch,
+                                help=describe(flag.key))
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help="set any configuration key, e.g. --set optim.weight_decay=0.05 (repeatable)")
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    """Dotted-key overrides from the flags the user actually gave (``--set`` first, flags win)."""
+    overrides = dict(parse_assignment(text) for text in args.assignments)
+    for flag in FLAGS:
+        value = getattr(args, flag.key.replace(".", "__"))
+        if value is not None:
+            overrides[flag.key] = value
+    return overrides
+
+
+def resolve_config(args: argparse.Namespace) -> RunConfig:
+    """The validated configuration: defaults < ``--config`` file < ``--set`` < flags."""
+    from nodescale.config.load import load_config
+
+    return load_config(args.config, overrides_from(args), FLAG_NAMES)

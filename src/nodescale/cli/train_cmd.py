@@ -1,0 +1,73 @@
+"""``nodescale train``: validate, pick how processes start, train."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from nodescale.cli.run_flags import add_run_flags, resolve_config
+from nodescale.config.schema import RunConfig
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a model (default: cnn on the digits dataset, DDP on 2 local processes)",
+        description="Train a built-in model on a built-in dataset. Runs unchanged under torchrun, srun or "
+        "mpiexec; on its own, --nproc starts the local processes.",
+    )
+    add_run_flags(parser)
+    parser.set_defaults(handler=run)
+
+
+def local_process_count(cfg: RunConfig) -> int:
+    """How many local processes ``--nproc`` means: auto is one per GPU, or 2 on CPU for DDP."""
+    if cfg.strategy.name != "ddp":
+        return 1
+    if cfg.strategy.nproc != "auto":
+        return int(cfg.strategy.nproc)
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = resolve_config(args)
+    from nodescale.dist.env import detect
+
+    env = detect()
+    if env.source != "single":  # started by torchrun, srun, mpiexec...: we are one of the workers
+        if cfg.strategy.nproc != "auto" and env.rank == 0:
+            warnings.warn(f"--nproc ignored: {env.source} started {env.world_size} processes", stacklevel=1)
+        from nodescale.train.run import run_training
+
+        run_training(cfg, env)
+        return 0
+    return _run_here(cfg)
+
+
+def _run_here(cfg: RunConfig) -> int:
+    from nodescale.atomic_files import write_text_atomic
+    from nodescale.config.load import dump_yaml
+    from nodescale.data.registry import get_format
+    from nodescale.train.rundir import check_run_dir, default_run_dir
+
+    # Everything that can be checked without processes is checked here, so a
+    # typo costs a second, not a job start-up.
+    get_format(cfg.data.name).check(cfg.data)
+    cfg = cfg.model_copy(update={"out": cfg.out or default_run_dir(cfg)})
+    assert cfg.out is not None
+    check_run_dir(cfg.out, cfg.checkpoint.resume)
+    nproc = local_process_count(cfg)
+    if nproc == 1:
+        from nodescale.train.run import run_training
+
+        run_training(cfg)
+        return 0
+    from nodescale.dist.local_launch import launch_local
+
+    config_path = cfg.out / "config.yaml"
+    write_text_atomic(config_path, dump_yaml(cfg))
+    sys.stdout.flush()
+    return launch_local("nodescale.train.worker", [str(config_path)], nproc)

@@ -1,0 +1,145 @@
+"""Resolve a run's configuration: defaults < YAML file < CLI overrides.
+
+Overrides are dotted keys (``train.batch_size``) so the CLI, ``--set`` and the
+library all go through one path. Every failure becomes a ``UserError`` that
+names the key (or the flag the user typed), the value, the rule and a hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from nodescale.config.schema import RunConfig
+from nodescale.errors import UserError, did_you_mean
+
+
+def load_config(
+    config_file: Path | str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    flag_names: Mapping[str, str] | None = None,
+) -> RunConfig:
+    """The validated configuration from an optional YAML file and dotted-key overrides.
+
+    ``flag_names`` maps dotted keys to the CLI flags that set them, so errors
+    can speak the user's language (``--batch-size 0`` rather than
+    ``train.batch_size``).
+    """
+    tree: dict[str, Any] = read_yaml(Path(config_file)) if config_file is not None else {}
+    for key, value in (overrides or {}).items():
+        set_dotted(tree, key, value)
+    return validate(tree, flag_names or {})
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping from ``path``; a missing file or bad YAML is a ``UserError``."""
+    if not path.is_file():
+        raise UserError(f"config file {str(path)!r}", "does not exist or is not a file",
+                        "check the path given to --config")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"config file {str(path)!r}", f"is not valid YAML{where}",
+                        "fix the syntax; `nodescale config show` prints a valid file") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise UserError(f"config file {str(path)!r}", "must hold a mapping of sections (model:, data:, ...)",
+                        "start from the output of `nodescale config show`")
+    return loaded
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``"train.epochs=3"`` -> ``("train.epochs", 3)``, the value read as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--set {text!r}", "must look like KEY=VALUE", "e.g. --set optim.weight_decay=0.05")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``tree["a"]["b"] = value`` for ``key == "a.b"``, creating sections as needed."""
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserError(f"key {key!r}", f"{part!r} is a value, not a section", "check the key's spelling")
+        node = child
+    node[parts[-1]] = value
+
+
+def validate(tree: dict[str, Any], flag_names: Mapping[str, str]) -> RunConfig:
+    """A ``RunConfig`` from a plain tree, with pydantic's errors made readable."""
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise _readable(exc, flag_names) from None
+
+
+def _readable(exc: ValidationError, flag_names: Mapping[str, str]) -> UserError:
+    # Report the first error fully; the user fixes one thing at a time and reruns.
+    error = exc.errors()[0]
+    key = ".".join(str(part) for part in error["loc"])
+    shown = flag_names.get(key, key)
+    value = error.get("input")
+    if error["type"] == "extra_forbidden":
+        section_key, _, name = key.rpartition(".")
+        known = _field_names(section_key)
+        guess = did_you_mean(name, known)
+        hint = f"did you mean {(section_key + '.' if section_key else '') + guess!r}?" if guess \
+            else f"known keys here: {', '.join(known)}"
+        return UserError(f"unknown key {key!r}", "is not a setting nodescale knows", hint)
+    rule = error["msg"].removeprefix("Value error, ")
+    hint = _hint_for(key, error)
+    if flag_names.get(key, "").startswith("--"):
+        return UserError(f"{shown} {value}", rule, hint)
+    return UserError(f"{shown}: value {value!r}", rule, hint)
+
+
+def _hint_for(key: str, error: Mapping[str, Any]) -> str:
+    expected = (error.get("ctx") or {}).get("expected")
+    if error["type"] == "literal_error" and expected:
+        choices = [part.strip(" '") for part in expected.replace(" or ", ",").split(",")]
+        guess = did_you_mean(str(error.get("input")), choices)
+        return f"did you mean {guess!r}?" if guess else f"choose one of: {', '.join(choices)}"
+    description = _field_description(key)
+    return f"{key} is the {description}" if description else "see `nodescale config show` for valid values"
+
+
+def _section_model(section_key: str) -> type[BaseModel] | None:
+    model: type[BaseModel] = RunConfig
+    for part in filter(None, section_key.split(".")):
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _field_names(section_key: str) -> list[str]:
+    model = _section_model(section_key)
+    return list(model.model_fields) if model else []
+
+
+def _field_description(key: str) -> str | None:
+    section_key, _, name = key.rpartition(".")
+    model = _section_model(section_key)
+    field = model.model_fields.get(name) if model else None
+    return field.description if field else None
+
+
+def dump_yaml(cfg: RunConfig) -> str:
+    """The configuration as YAML that ``--config`` reads back to the same value."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,98 @@
+"""Turn a rank's ``ShardPlan`` into device batches.
+
+In-memory ``ArrayDataset``s are cut one whole batch at a time (on the device,
+when they fit there); other datasets go through a ``DataLoader`` with worker
+processes, pinned memory and non-blocking copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from nodescale.data.arrays import ArrayDataset
+from nodescale.data.sharding import Batch, ShardPlan
+
+# Datasets up to this size are moved to the accelerator once, so batches are
+# cut on the device with no host work per step (digits, MNIST, CIFAR-10 all fit).
+RESIDENT_BYTES = 2 * 1024**3
+
+
+@dataclass
+class DeviceBatch:
+    """A batch on the device with its padding weights and the step's global sample count."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    weights: torch.Tensor
+    global_count: int
+    real_count: int  # real samples of this rank, known on the host without a device sync
+
+
+class StepLoader:
+    """Yields one rank's batches for an epoch, from a given step on."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        plan: ShardPlan,
+        device: torch.device,
+        num_workers: int = 0,
+        channels_last: bool = False,
+    ) -> None:
+        self.plan = plan
+        self.device = device
+        self.channels_last = channels_last
+        if isinstance(dataset, ArrayDataset) and device.type != "cpu" and dataset.nbytes <= RESIDENT_BYTES:
+            dataset = dataset.to(device)
+        self.dataset = dataset
+        self._sampler = _PlannedBatches()
+        self._loader: DataLoader | None = None
+        if not isinstance(dataset, ArrayDataset):
+            self._loader = DataLoader(
+                dataset,
+                batch_sampler=self._sampler,
+                num_workers=num_workers,
+                pin_memory=device.type == "cuda",
+                persistent_workers=num_workers > 0,
+                prefetch_factor=4 if num_workers > 0 else None,
+            )
+
+    def __len__(self) -> int:
+        return self.plan.steps_per_epoch
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[DeviceBatch]:
+        batches = self.plan.batches(epoch, start_step)
+        if isinstance(self.dataset, ArrayDataset):
+            for batch in batches:
+                x, y = self.dataset.get_batch(batch.indices, self.device)
+                yield self._with_weights(x, y, batch)
+            return
+        assert self._loader is not None
+        self._sampler.batches = [batch.indices.tolist() for batch in batches]
+        for batch, (x, y) in zip(batches, self._loader, strict=True):
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            yield self._with_weights(x, y, batch)
+
+    def _with_weights(self, x: torch.Tensor, y: torch.Tensor, batch: Batch) -> DeviceBatch:
+        weights = batch.weights.to(self.device, non_blocking=True)
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return DeviceBatch(x, y, weights, batch.global_count, int(batch.weights.sum()))
+
+
+class _PlannedBatches:
+    """A batch sampler whose batches are set per epoch (works with persistent workers)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)

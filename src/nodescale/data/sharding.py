@@ -1,0 +1,94 @@
+"""Which samples each rank processes at each step: every sample exactly once per epoch.
+
+``torch.utils.data.DistributedSampler`` pads the epoch with duplicated samples
+(or drops the tail) so that ranks get equal shards. Duplicates bias the loss
+and the validation accuracy; dropping loses data. This plan pads too, so that
+every rank runs the same number of equally sized batches (DDP and FSDP need
+that), but marks the padding with weight 0, and tells the loop how many real
+samples the whole step holds across all ranks. The loss
+``sum(weight * per_sample_loss) * world_size / global_count`` averaged by DDP
+is then exactly the mean over the real samples of the global batch, and the
+validation metrics count each sample once.
+
+The order is a permutation drawn from ``seed + epoch`` (a new order each
+epoch, identical on every rank); rank ``r`` takes positions ``r, r + W, ...``
+of the padded permutation, the same interleaving ``DistributedSampler`` uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One rank's share of one step."""
+
+    indices: torch.Tensor  # int64 sample indices (padding repeats real ones)
+    weights: torch.Tensor  # float32, 1 for real samples, 0 for padding
+    global_count: int  # real samples in this step across all ranks
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The batches of one rank for any epoch, computed without communication."""
+
+    num_samples: int
+    world_size: int
+    rank: int
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_samples < 1:
+            raise ValueError("a plan needs at least one sample")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world of {self.world_size}")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be positive")
+
+    @property
+    def shard_size(self) -> int:
+        """Positions per rank, padding included (the same on every rank)."""
+        return math.ceil(self.num_samples / self.world_size)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.shard_size / self.batch_size)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """The epoch's global order of sample indices, before padding."""
+        if not self.shuffle:
+            return torch.arange(self.num_samples)
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(self.num_samples, generator=generator)
+
+    def batches(self, epoch: int, start_step: int = 0) -> list[Batch]:
+        """This rank's batches of ``epoch``, from ``start_step`` on (for resuming)."""
+        order = self.order(epoch)
+        padded_length = self.shard_size * self.world_size
+        # Pad by wrapping around the order, as DistributedSampler does, so the
+        # padding is made of real samples that BatchNorm can digest.
+        repeats = math.ceil(padded_length / self.num_samples)
+        padded = order.repeat(repeats)[:padded_length]
+        positions = torch.arange(self.rank, padded_length, self.world_size)
+        batches = []
+        for step in range(start_step, self.steps_per_epoch):
+            shard_slice = positions[step * self.batch_size:(step + 1) * self.batch_size]
+            first, last = int(shard_slice[0]) // self.world_size, int(shard_slice[-1]) // self.world_size
+            batches.append(Batch(
+                indices=padded[shard_slice],
+                weights=(shard_slice < self.num_samples).to(torch.float32),
+                global_count=self._real_in_rows(first, last + 1),
+            ))
+        return batches
+
+    def _real_in_rows(self, first_row: int, end_row: int) -> int:
+        # Rows of the padded order hold world_size positions each; positions
+        # below num_samples are real.
+        start, end = first_row * self.world_size, end_row * self.world_size
+        return max(0, min(end, self.num_samples) - start)

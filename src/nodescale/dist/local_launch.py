@@ -1,0 +1,62 @@
+"""Start N local worker processes the way ``torchrun --standalone`` does.
+
+Uses torch's elastic launcher (an agent, a c10d rendezvous on a free local
+port, worker monitoring, restarts), so workers see exactly the environment
+torchrun gives them and the same entry point runs unchanged under torchrun.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+
+from nodescale.errors import EXIT_USER_ERROR
+
+
+def threads_per_process(nproc: int, cpus: int | None = None) -> int:
+    """CPU threads each of ``nproc`` processes should use: the cores split evenly.
+
+    Left alone, every process starts one thread per core, and N processes on
+    C cores fight over them (N x C threads), which is slower than either.
+    """
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // max(1, nproc))
+
+
+def launch_local(module: str, args: Sequence[str], nproc: int, max_restarts: int = 0) -> int:
+    """Run ``python -m module *args`` in ``nproc`` local processes; return the job's exit code.
+
+    Exit code 2 when every failed worker exited 2 (they printed the user
+    error themselves), 1 for any other failure, 0 on success.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # The agent logs each restart and failure at WARNING with long tracebacks;
+    # nodescale reports failures itself, in one line per rank.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",  # port 0: the store picks a free port, so jobs never clash
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+    )
+    try:
+        elastic_launch(config, sys.executable)("-u", "-m", module, *args)
+    except ChildFailedError as exc:
+        codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
+        if all(code == EXIT_USER_ERROR for code in codes.values()):
+            return EXIT_USER_ERROR
+        details = ", ".join(f"rank {rank} exit code {code}" for rank, code in sorted(codes.items()))
+        print(f"nodescale: worker processes failed: {details}", file=sys.stderr)
+        return 1
+    return 0

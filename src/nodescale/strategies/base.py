@@ -1,0 +1,28 @@
+"""What every parallel strategy offers the training loop.
+
+Strategies are siblings (single, dp, ddp, ...), not a hierarchy: each is one
+small module holding one class that satisfies this protocol.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from torch import nn
+
+from nodescale.dist.process_group import Runtime
+
+
+class Strategy(Protocol):
+    name: str
+    needs_process_group: bool
+
+    def wrap(self, model: nn.Module, runtime: Runtime) -> nn.Module:
+        """The model, on its device, ready for parallel training."""
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The plain model inside ``model`` (for state dicts and evaluation)."""
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
+        """Skip gradient synchronisation (micro-batches before the last of an accumulation)."""

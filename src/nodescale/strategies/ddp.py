@@ -1,0 +1,40 @@
+"""``DistributedDataParallel``: one process per device, gradients all-reduced in buckets."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from nodescale.config.schema import StrategySection
+from nodescale.dist.process_group import Runtime
+from nodescale.dist.sync_batchnorm import convert_sync_batchnorm
+
+
+class DDPStrategy:
+    name = "ddp"
+    needs_process_group = True
+
+    def __init__(self, cfg: StrategySection) -> None:
+        self.cfg = cfg
+
+    def wrap(self, model: nn.Module, runtime: Runtime) -> nn.Module:
+        if self.cfg.sync_batchnorm:
+            model = convert_sync_batchnorm(model, runtime.device.type)
+        model = model.to(runtime.device)
+        device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+        return DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            bucket_cap_mb=self.cfg.bucket_cap_mb,
+            static_graph=self.cfg.static_graph,
+            gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
+            find_unused_parameters=self.cfg.find_unused_parameters,
+        )
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
+        return model.no_sync()

@@ -1,0 +1,133 @@
+"""One rank's whole run: process group, data, model, strategy, training, summary.
+
+Called in every worker process, whoever started it: nodescale's own local
+launcher, torchrun, srun or mpiexec (``nodescale.dist.env`` tells them apart).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nodescale.atomic_files import write_json_atomic, write_text_atomic
+from nodescale.config.load import dump_yaml
+from nodescale.config.schema import RunConfig
+from nodescale.data.loader import StepLoader
+from nodescale.data.registry import get_format
+from nodescale.data.sharding import ShardPlan
+from nodescale.dist.env import DistEnv, detect
+from nodescale.dist.process_group import Runtime, barrier, shutdown, start
+from nodescale.errors import UserError
+from nodescale.models.registry import build_model
+from nodescale.strategies import make_strategy
+from nodescale.train import checkpoint
+from nodescale.train.console import Console
+from nodescale.train.metrics_log import MetricsLog
+from nodescale.train.optim import make_optimizer, make_scheduler
+from nodescale.train.rundir import check_run_dir, default_run_dir
+from nodescale.train.summary import gather_summary, summary_table
+from nodescale.train.trainer import Trainer
+
+
+def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
+    """Train as one rank of the job described by ``env`` (detected if omitted); return the summary."""
+    started = time.perf_counter()
+    env = env or detect()
+    strategy = make_strategy(cfg.strategy)
+    if env.world_size > 1 and not strategy.needs_process_group:
+        raise UserError(
+            f"strategy {cfg.strategy.name!r} under a launcher that started {env.world_size} processes ({env.source})",
+            f"{cfg.strategy.name} runs in a single process",
+            "use --strategy ddp, or launch one process",
+        )
+    runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=strategy.needs_process_group)
+    try:
+        summary = _train(cfg, runtime, strategy, started)
+    except BaseException:
+        # Another rank may never reach a barrier now: leave without one.
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+    shutdown(runtime)
+    return summary
+
+
+def _agree_run_dir(cfg: RunConfig, runtime: Runtime) -> Path:
+    chosen = [str(cfg.out or default_run_dir(cfg))]
+    if runtime.distributed and cfg.out is None:
+        dist.broadcast_object_list(chosen, src=0)  # ranks' clocks may straddle a second
+    return Path(chosen[0])
+
+
+def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float) -> dict[str, Any]:
+    run_dir = _agree_run_dir(cfg, runtime)
+    cfg = cfg.model_copy(update={"out": run_dir})
+    if runtime.is_main:
+        check_run_dir(run_dir, cfg.checkpoint.resume)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+    console = Console(runtime.is_main, cfg.train.progress)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", runtime.is_main)
+
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    random.seed(cfg.train.seed)
+    data_format = get_format(cfg.data.name)
+    if runtime.is_local_main:  # one process per node prepares; the others wait
+        data_format.prepare(cfg.data)
+    barrier(runtime)
+    splits = data_format.load(cfg.data, cfg.train.seed)
+
+    model = build_model(cfg.model, splits.spec)
+    channels_last = cfg.train.channels_last and splits.spec.is_image
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    wrapped = strategy.wrap(model, runtime)
+    runner = torch.compile(wrapped) if cfg.train.compile else wrapped
+    optimizer = make_optimizer(cfg.optim, wrapped, runtime.device)
+
+    world, rank, batch = runtime.world_size, runtime.rank, cfg.train.batch_size
+    train_plan = ShardPlan(len(splits.train), world, rank, batch, cfg.train.seed, shuffle=True)
+    val_plan = ShardPlan(len(splits.val), world, rank, batch, cfg.train.seed, shuffle=False)
+    workers = cfg.data.num_workers
+    train_loader = StepLoader(splits.train, train_plan, runtime.device, workers, channels_last)
+    val_loader = StepLoader(splits.val, val_plan, runtime.device, workers, channels_last)
+
+    steps_per_epoch = -(-train_plan.steps_per_epoch // cfg.train.grad_accum)
+    total_steps = cfg.train.epochs * steps_per_epoch
+    if cfg.train.max_steps:
+        total_steps = min(total_steps, cfg.train.max_steps)
+    scheduler = make_scheduler(cfg.optim, optimizer, total_steps)
+    trainer = Trainer(cfg, runtime, strategy, wrapped, runner, optimizer, scheduler, train_loader, val_loader,
+                      splits.spec.task, run_dir, console, metrics)
+    if runtime.is_main:
+        console.print(
+            f"nodescale: {cfg.model.name} on {cfg.data.name} ({len(splits.train)} train / {len(splits.val)} val), "
+            f"{cfg.strategy.name} x {world} on {runtime.device.type}, {total_steps} steps -> {run_dir}"
+        )
+    if cfg.checkpoint.resume:
+        _resume(trainer, run_dir, console)
+
+    trainer.fit()
+    summary = gather_summary(cfg, runtime, trainer.timing, trainer.position.as_dict(), trainer.last_eval,
+                             trainer.peak_memory(), time.perf_counter() - started)
+    summary["run_dir"] = str(run_dir)
+    if runtime.is_main:
+        write_json_atomic(run_dir / "summary.json", summary)
+        console.print(summary_table(summary))
+    metrics.close()
+    return summary
+
+
+def _resume(trainer: Trainer, run_dir: Path, console: Console) -> None:
+    found = checkpoint.load_newest(run_dir)
+    if found is None:
+        console.note(f"--resume: no checkpoint in {run_dir}; starting from scratch")
+        return
+    state, path = found
+    trainer.load_state_dict(state)
+    console.note(f"resumed from {path} (step {trainer.position.global_step})")

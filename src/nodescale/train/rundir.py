@@ -1,0 +1,36 @@
+"""The run directory: chosen once, agreed by every rank, never silently reused."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from nodescale.config.schema import RunConfig
+from nodescale.errors import UserError
+
+RUNS_ROOT = Path("runs")
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    """``runs/<model>-<dataset>-<YYYYmmdd-HHMMSS>`` under the current directory."""
+    return RUNS_ROOT / f"{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """Refuse to mix a new run into the files of an old one.
+
+    A directory that already holds metrics or checkpoints is continued with
+    ``--resume`` or not used at all: appending a fresh run's metrics to an old
+    run's, or overwriting its checkpoints, would lose or corrupt results.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--out {str(run_dir)!r}", "exists and is not a directory", "choose another --out")
+    if resume:
+        return
+    used = [name for name in ("metrics.jsonl", "summary.json", "checkpoints") if (run_dir / name).exists()]
+    if used:
+        raise UserError(
+            f"--out {str(run_dir)!r}",
+            f"already holds a run ({', '.join(used)})",
+            "pass --resume to continue it, or choose another --out",
+        )

@@ -1,0 +1,129 @@
+"""The end-of-run summary: honest throughput, timing and accuracy.
+
+Throughput is the sum over ranks of the real samples each processed after
+warm-up, divided by the slowest rank's training time (the job is as fast as
+its slowest rank); never rank 0's count times the world size.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from rich.table import Table
+
+from nodescale.config.schema import RunConfig
+from nodescale.dist.process_group import Runtime
+from nodescale.train.evaluate import EvalResult
+from nodescale.train.trainer import Timing
+
+
+def gather_summary(
+    cfg: RunConfig,
+    runtime: Runtime,
+    timing: Timing,
+    position: dict[str, int],
+    last_eval: EvalResult,
+    peak_memory: tuple[int, str],
+    wall_seconds: float,
+) -> dict[str, Any]:
+    """Reduce every rank's figures into the run summary (a collective: call on all ranks)."""
+    device = runtime.device
+    # float64: sample counts must stay exact and seconds must not round.
+    local = torch.tensor([timing.timed_samples, timing.timed_seconds, float(peak_memory[0]),
+                          timing.timed_steps], dtype=torch.float64, device=device)
+    rates = torch.zeros(runtime.world_size, dtype=torch.float64, device=device)
+    rates[runtime.rank] = timing.timed_samples / timing.timed_seconds if timing.timed_seconds > 0 else 0.0
+    samples, seconds, memory = local[0].clone(), local[1].clone(), local[2].clone()
+    if runtime.distributed:
+        dist.all_reduce(samples)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        dist.all_reduce(memory, op=dist.ReduceOp.MAX)
+        dist.all_reduce(rates)  # each rank filled only its own slot
+    total_samples, slowest, peak = int(samples.item()), seconds.item(), int(memory.item())
+    steps = timing.timed_steps
+    throughput = total_samples / slowest if slowest > 0 else None
+    epochs = timing.epoch_seconds
+    return {
+        "world_size": runtime.world_size,
+        "strategy": cfg.strategy.name,
+        "backend": runtime.backend,
+        "model": cfg.model.name,
+        "dataset": cfg.data.name,
+        "precision": cfg.train.precision,
+        "batch_size_per_process": cfg.train.batch_size,
+        "global_batch_size": cfg.train.batch_size * cfg.train.grad_accum * runtime.world_size,
+        "epochs_completed": position["epoch"],
+        "global_steps": position["global_step"],
+        "samples_per_second": throughput,
+        "samples_per_second_per_device": throughput / runtime.world_size if throughput else None,
+        "samples_per_second_by_rank": [round(rate, 3) for rate in rates.tolist()],
+        "timed_samples": total_samples,
+        "timed_steps": steps,
+        "step_seconds": slowest / steps if steps else None,
+        "data_wait_fraction": timing.data_wait_seconds / timing.timed_seconds if timing.timed_seconds else None,
+        "timing_warmup_steps": cfg.train.timing_warmup_steps,
+        "timing_includes_warmup": timing.includes_warmup,
+        "epoch_seconds": [round(s, 4) for s in epochs],
+        "average_epoch_seconds": _average_epoch(epochs),
+        "average_epoch_excludes_first": len(epochs) > 1,
+        "val_loss": last_eval.loss,
+        "val_accuracy": last_eval.accuracy,
+        "val_samples": last_eval.samples,
+        "peak_memory_bytes": peak,
+        "peak_memory_kind": peak_memory[1],
+        "wall_seconds": wall_seconds,
+        "device": _device_name(device),
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+    }
+
+
+def _average_epoch(epochs: list[float]) -> float | None:
+    # The first epoch carries start-up costs (allocator, caches, compilation);
+    # with a single epoch there is nothing else to report.
+    if not epochs:
+        return None
+    rest = epochs[1:] or epochs
+    return sum(rest) / len(rest)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """The timing and stats table printed at the end of a run."""
+    table = Table(title="nodescale run summary", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+
+    def row(label: str, value: Any, unit: str = "") -> None:
+        table.add_row(label, "n/a" if value is None else f"{value}{unit}")
+
+    def number(value: float | None, digits: int) -> str | None:
+        return None if value is None else f"{value:,.{digits}f}"
+
+    row("processes (world size)", summary["world_size"])
+    row("strategy / backend", f"{summary['strategy']} / {summary['backend'] or 'none'}")
+    row("epochs completed", summary["epochs_completed"])
+    row("optimiser steps", summary["global_steps"])
+    label = "average epoch time" + (" (excluding the first)" if summary["average_epoch_excludes_first"]
+                                    else " (the only epoch)")
+    row(label, number(summary["average_epoch_seconds"], 3), " s")
+    step_seconds = summary["step_seconds"]
+    row("average step time", None if step_seconds is None else f"{step_seconds * 1000:,.2f}", " ms")
+    row("throughput (all ranks)", number(summary["samples_per_second"], 1), " samples/s")
+    row("throughput per device", number(summary["samples_per_second_per_device"], 1), " samples/s")
+    if summary["timing_includes_warmup"]:
+        row("note", "too few steps to exclude warm-up")
+    row("validation loss", number(summary["val_loss"], 4))
+    accuracy = summary["val_accuracy"]
+    row("validation accuracy", None if accuracy is None else f"{accuracy:.2%}")
+    row("peak memory", f"{summary['peak_memory_bytes'] / 1e6:,.1f}", f" MB ({summary['peak_memory_kind']})")
+    row("wall time", number(summary["wall_seconds"], 2), " s")
+    return table

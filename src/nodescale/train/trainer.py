@@ -1,0 +1,349 @@
+"""The training loop: accumulation, precision, evaluation, checkpoints, timing.
+
+Nothing in the step forces a host-device synchronisation: losses and
+accuracies accumulate on the device and are reduced across ranks only every
+``log_every`` optimiser steps, where the clock also reads the time.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nodescale.config.schema import RunConfig
+from nodescale.data.loader import StepLoader
+from nodescale.dist.process_group import Runtime
+from nodescale.models.spec import Task
+from nodescale.strategies.base import Strategy
+from nodescale.train import checkpoint
+from nodescale.train.clock import TrainClock, peak_memory_bytes, synchronize
+from nodescale.train.console import Console
+from nodescale.train.evaluate import EvalResult, evaluate
+from nodescale.train.loss import correct, per_sample_loss
+from nodescale.train.metrics_log import MetricsLog
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Position:
+    """Where training stands; saved in checkpoints."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0  # micro-batches of this epoch already consumed
+    global_step: int = 0  # optimiser steps taken
+
+    def as_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "global_step": self.global_step}
+
+
+@dataclass
+class Timing:
+    """What the clock saw, per rank, before the cross-rank reduction."""
+
+    epoch_seconds: list[float] = field(default_factory=list)
+    timed_seconds: float = 0.0
+    timed_samples: int = 0
+    timed_steps: int = 0
+    includes_warmup: bool = False
+    data_wait_seconds: float = 0.0
+
+
+class Trainer:
+    """Trains one wrapped model on one rank's share of the data."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        runtime: Runtime,
+        strategy: Strategy,
+        model: nn.Module,
+        runner: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        train_loader: StepLoader,
+        val_loader: StepLoader,
+        task: Task,
+        run_dir: Path,
+        console: Console,
+        metrics: MetricsLog,
+    ) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.strategy = strategy
+        self.model = model  # the strategy's wrapper (DDP, ...), for no_sync and state dicts
+        self.runner = runner  # what forward is called on: ``model`` or its compiled form
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.task = task
+        self.run_dir = run_dir
+        self.console = console
+        self.metrics = metrics
+        self.device = runtime.device
+        self.position = Position()
+        self.timing = Timing()
+        self.last_eval: EvalResult | None = None
+        precision = cfg.train.precision
+        self.autocast = torch.autocast(
+            self.device.type, dtype=AUTOCAST_DTYPES.get(precision, torch.float32), enabled=precision != "fp32"
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
+        accum = cfg.train.grad_accum
+        self.steps_per_epoch = -(-train_loader.plan.steps_per_epoch // accum)
+        total = cfg.train.epochs * self.steps_per_epoch
+        self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs; a collective (gathers every rank's RNG state)."""
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        rngs: list[Any] = [rng]
+        if self.runtime.distributed:
+            rngs = [None] * self.runtime.world_size
+            dist.all_gather_object(rngs, rng)
+        return {
+            "model": self.strategy.unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "position": self.position.as_dict(),
+            "world_size": self.runtime.world_size,
+            "batch_size": self.cfg.train.batch_size,
+            "rng": rngs,
+            "config": self.cfg.model_dump(mode="json"),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.strategy.unwrap(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.position = Position(**state["position"])
+        same_layout = (state["world_size"] == self.runtime.world_size
+                       and state["batch_size"] == self.cfg.train.batch_size)
+        if same_layout:
+            rng = state["rng"][self.runtime.rank]
+            torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
+            if "cuda" in rng and self.device.type == "cuda":
+                torch.cuda.set_rng_state(rng["cuda"], self.device)
+        elif self.position.batch_in_epoch:
+            # The epoch's order is the same permutation, but it is dealt to a
+            # different number of ranks: continue at the same share of the epoch.
+            done = self.position.batch_in_epoch * state["batch_size"] * state["world_size"]
+            per_step = self.cfg.train.batch_size * self.runtime.world_size
+            self.position.batch_in_epoch = min(done // per_step, self.train_loader.plan.steps_per_epoch)
+            self.console.note(
+                f"resuming on {self.runtime.world_size} ranks x batch {self.cfg.train.batch_size} from a run on "
+                f"{state['world_size']} x {state['batch_size']}: the current epoch continues at micro-batch "
+                f"{self.position.batch_in_epoch}; exact continuation needs the same layout"
+            )
+
+    def save_checkpoint(self) -> None:
+        state = self.state_dict()  # every rank takes part in the gather
+        if self.runtime.is_main:
+            path = checkpoint.save(self.run_dir, self.position.global_step, state, self.cfg.checkpoint.keep_last)
+            self.metrics.write({"kind": "checkpoint", "step": self.position.global_step, "path": str(path)})
+
+    # ------------------------------------------------------------------ loop
+    def fit(self) -> None:
+        cfg = self.cfg.train
+        clock = TrainClock(self.device)
+        warmup = min(cfg.timing_warmup_steps, max(0, self.total_steps - self.position.global_step - 1))
+        self.timing.includes_warmup = warmup == 0 and cfg.timing_warmup_steps > 0
+        warm_at = self.position.global_step + warmup
+        timed = warmup == 0
+        every = self.cfg.checkpoint.every
+        self.console.start(self.total_steps, self.position.global_step)
+        window = _Window(self.device)
+        self.runner.train()
+
+        while not self._done():
+            epoch = self.position.epoch
+            start = self.position.batch_in_epoch
+            counts = [b.global_count for b in self.train_loader.plan.batches(epoch, start)]
+            window_totals = _window_totals(counts, start, self.cfg.train.grad_accum)
+            epoch_clock = TrainClock(self.device)
+            epoch_clock.start()
+            clock.start()
+            wait_started = time.perf_counter()
+            for offset, batch in enumerate(self.train_loader.epoch(epoch, start)):
+                data_wait = time.perf_counter() - wait_started
+                window.data_wait += data_wait
+                if timed:
+                    self.timing.data_wait_seconds += data_wait
+                index = start + offset
+                closes_window = (index + 1) % cfg.grad_accum == 0 or index + 1 == len(self.train_loader)
+                self._micro_step(batch, window_totals[offset], closes_window, window)
+                self.position.batch_in_epoch = index + 1
+                if timed:
+                    self.timing.timed_samples += batch.real_count
+                if not closes_window:
+                    wait_started = time.perf_counter()
+                    continue
+                self._optimizer_step()
+                window.steps += 1
+                step = self.position.global_step
+                if timed:
+                    self.timing.timed_steps += 1
+                if step == warm_at and not timed:
+                    clock.reset()
+                    timed = True
+                if step % cfg.log_every == 0 or step == self.total_steps:
+                    self._log_interval(window)
+                if every and step % every == 0:
+                    clock.pause()
+                    epoch_clock.pause()
+                    self.save_checkpoint()
+                    epoch_clock.start()
+                    clock.start()
+                self.console.advance(step)
+                if self._done():
+                    break
+                wait_started = time.perf_counter()
+            clock.pause()
+            epoch_clock.pause()
+            if self.position.batch_in_epoch >= len(self.train_loader):
+                # An epoch resumed half-way is not a whole epoch's time.
+                if start == 0:
+                    self.timing.epoch_seconds.append(epoch_clock.seconds)
+                self._end_epoch(window, epoch_clock.seconds)
+        if timed:
+            self.timing.timed_seconds = clock.seconds
+        self.console.stop()
+        if self.last_eval is None or self.position.batch_in_epoch != 0:  # stopped mid-epoch
+            self.last_eval = self._evaluate()
+        if self.cfg.checkpoint.at_end:
+            self.save_checkpoint()
+
+    def _done(self) -> bool:
+        return self.position.global_step >= self.total_steps or self.position.epoch >= self.cfg.train.epochs
+
+    def _micro_step(self, batch: Any, window_total: int, closes_window: bool, window: _Window) -> None:
+        sync_context = nullcontext() if closes_window else self.strategy.no_sync(self.model)
+        with sync_context:
+            with self.autocast:
+                output = self.runner(batch.x)
+            losses = per_sample_loss(output, batch.y, self.task)
+            weighted = losses * batch.weights
+            loss = weighted.sum() * (self.runtime.world_size / window_total)
+            self.scaler.scale(loss).backward()
+        window.add(weighted.detach(), correct(output.detach(), batch.y, self.task), batch.weights)
+
+    def _optimizer_step(self) -> None:
+        clip = self.cfg.optim.grad_clip
+        if clip is not None:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.position.global_step += 1
+
+    def _log_interval(self, window: _Window) -> None:
+        synchronize(self.device)
+        loss, accuracy, samples = window.reduce(self.runtime.distributed)
+        seconds = window.elapsed()
+        steps = max(window.steps, 1)
+        record = {
+            "kind": "step",
+            "step": self.position.global_step,
+            "epoch": self.position.epoch,
+            "loss": loss,
+            "accuracy": accuracy,
+            "lr": self.scheduler.get_last_lr()[0],
+            "samples_per_second": samples / seconds if seconds > 0 else None,
+            "step_seconds": seconds / steps,
+            "data_wait_seconds": window.data_wait / steps,
+            "compute_seconds": max(0.0, seconds - window.data_wait) / steps,
+        }
+        self.metrics.write(record)
+        self.console.interval(record)
+        window.restart()
+
+    def _end_epoch(self, window: _Window, seconds: float) -> None:
+        if window.steps:
+            self._log_interval(window)
+        result = self._evaluate()
+        self.last_eval = result
+        record = {
+            "kind": "epoch",
+            "epoch": self.position.epoch,
+            "step": self.position.global_step,
+            "epoch_seconds": seconds,
+            "val_loss": result.loss,
+            "val_accuracy": result.accuracy,
+            "val_samples": result.samples,
+        }
+        self.metrics.write(record)
+        self.console.epoch(record, self.cfg.train.epochs)
+        self.position.epoch += 1
+        self.position.batch_in_epoch = 0
+
+    def _evaluate(self) -> EvalResult:
+        # Evaluate through the strategy's wrapper so sharded strategies gather
+        # their parameters; DDP's wrapper is bypassed (its forward would sync buffers).
+        model = self.strategy.unwrap(self.model) if self.strategy.name == "ddp" else self.runner
+        return evaluate(model, self.val_loader, self.task, self.autocast, self.runtime.distributed)
+
+    def peak_memory(self) -> tuple[int, str]:
+        return peak_memory_bytes(self.device)
+
+
+class _Window:
+    """Training metrics between two log points, accumulated on the device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.restart()
+
+    def restart(self) -> None:
+        self.totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
+        self.steps = 0
+        self.data_wait = 0.0
+        self.has_accuracy = False
+        self.started = time.perf_counter()
+
+    def add(self, weighted_loss: torch.Tensor, hits: torch.Tensor | None, weights: torch.Tensor) -> None:
+        self.totals[0] += weighted_loss.sum()
+        if hits is not None:
+            self.totals[1] += (hits * weights).sum()
+            self.has_accuracy = True
+        self.totals[2] += weights.sum()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def reduce(self, distributed: bool) -> tuple[float, float | None, int]:
+        totals = self.totals.clone()
+        if distributed:
+            dist.all_reduce(totals)
+        loss_sum, hits, count = totals.tolist()
+        count = max(count, 1.0)
+        return loss_sum / count, (hits / count if self.has_accuracy else None), int(count)
+
+
+def _window_totals(counts: list[int], start: int, accum: int) -> list[int]:
+    """For each micro-batch from ``start``, the real-sample total of its accumulation window."""
+    totals = []
+    index = start
+    end = start + len(counts)
+    while index < end:
+        window_end = min(end, (index // accum + 1) * accum)
+        total = sum(counts[index - start:window_end - start])
+        totals.extend([total] * (window_end - index))
+        index = window_end
+    return totals

@@ -1,0 +1,74 @@
+"""The sharding plan: every sample exactly once per epoch, equal steps on every rank."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nodescale.data.sharding import ShardPlan
+from nodescale.train.trainer import _window_totals
+
+
+def _epoch_samples(n: int, world: int, batch: int, epoch: int, seed: int = 0) -> list[list[int]]:
+    """The real sample indices each rank sees in ``epoch``."""
+    seen = []
+    for rank in range(world):
+        plan = ShardPlan(n, world, rank, batch, seed)
+        seen.append([int(i) for b in plan.batches(epoch) for i, w in zip(b.indices, b.weights) if w > 0])
+    return seen
+
+
+@pytest.mark.parametrize("n,world,batch", [(100, 1, 7), (100, 2, 8), (101, 2, 8), (97, 4, 5), (10, 4, 2),
+                                           (3, 4, 1), (1437, 2, 32)])
+def test_every_sample_exactly_once_per_epoch(n: int, world: int, batch: int) -> None:
+    for epoch in range(3):
+        seen = [i for rank in _epoch_samples(n, world, batch, epoch) for i in rank]
+        assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("n,world,batch", [(101, 2, 8), (97, 4, 5), (10, 4, 3), (3, 4, 1)])
+def test_ranks_run_equal_steps_of_equal_size(n: int, world: int, batch: int) -> None:
+    plans = [ShardPlan(n, world, rank, batch) for rank in range(world)]
+    per_rank = [plan.batches(0) for plan in plans]
+    assert len({len(batches) for batches in per_rank}) == 1
+    for step in range(len(per_rank[0])):
+        sizes = {len(batches[step].indices) for batches in per_rank}
+        assert len(sizes) == 1, f"step {step} sizes differ: {sizes}"
+        real = sum(int(batches[step].weights.sum()) for batches in per_rank)
+        assert all(batches[step].global_count == real for batches in per_rank)
+
+
+def test_order_changes_by_epoch_and_is_identical_across_ranks() -> None:
+    first = _epoch_samples(64, 2, 8, epoch=0)
+    second = _epoch_samples(64, 2, 8, epoch=1)
+    assert first != second
+    assert first == _epoch_samples(64, 2, 8, epoch=0)  # same seed and epoch: same order, on any rank
+
+
+def test_one_rank_batch_b_equals_two_ranks_batch_half() -> None:
+    # The union of what 2 ranks see at a step is what 1 rank sees with twice the batch:
+    # the basis of DDP == single-process equivalence.
+    one = ShardPlan(64, 1, 0, 16).batches(2)
+    two = [ShardPlan(64, 2, rank, 8).batches(2) for rank in range(2)]
+    for step, batch in enumerate(one):
+        union = torch.cat([two[0][step].indices, two[1][step].indices])
+        assert sorted(batch.indices.tolist()) == sorted(union.tolist())
+
+
+def test_resume_start_step_skips_consumed_batches() -> None:
+    plan = ShardPlan(100, 2, 1, 8)
+    full = plan.batches(4)
+    tail = plan.batches(4, start_step=3)
+    assert [b.indices.tolist() for b in tail] == [b.indices.tolist() for b in full[3:]]
+
+
+def test_unshuffled_plan_is_in_order() -> None:
+    plan = ShardPlan(10, 2, 0, 3, shuffle=False)
+    assert [i for b in plan.batches(0) for i in b.indices.tolist()] == [0, 2, 4, 6, 8]
+
+
+def test_accumulation_window_totals() -> None:
+    assert _window_totals([4, 4, 4, 4, 3], start=0, accum=2) == [8, 8, 8, 8, 3]
+    assert _window_totals([4, 4, 3], start=2, accum=2) == [8, 8, 3]
+    assert _window_totals([4, 4, 4], start=1, accum=2) == [4, 8, 8]
+    assert _window_totals([5, 5], start=0, accum=1) == [5, 5]
