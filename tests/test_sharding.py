@@ -14,7 +14,7 @@ def _epoch_samples(n: int, world: int, batch: int, epoch: int, seed: int = 0) ->
     seen = []
     for rank in range(world):
         plan = ShardPlan(n, world, rank, batch, seed)
-        seen.append([int(i) for b in plan.batches(epoch) for i, w in zip(b.indices, b.weights) if w > 0])
+        seen.append([int(i) for b in plan.batches(epoch) for i, w in zip(b.indices, b.weights, strict=True) if w > 0])
     return seen
 
 

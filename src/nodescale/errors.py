@@ -23,6 +23,11 @@ class UserError(Exception):
         self.hint = hint
         super().__init__(self.render())
 
+    def __reduce__(self) -> tuple[type[UserError], tuple[str, str, str | None]]:
+        # DataLoader workers and multiprocessing pickle exceptions to re-raise
+        # them in the parent; keep all three parts, not just the message.
+        return (type(self), (self.what, self.rule, self.hint))
+
     def render(self) -> str:
         text = f"{self.what}: {self.rule}"
         if self.hint:

@@ -56,7 +56,7 @@ class DataSection(Section):
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes for datasets read from files")
     samples: int = Field(2048, ge=1, description="synthetic/regression: number of training samples")
     image_size: int | None = Field(
-        None, ge=1, description="synthetic: side of the square images; imagefolder: resize to this side"
+        None, ge=1, description="synthetic: side of the square images; imagefolder: centre-crop and resize to this side"
     )
     channels: int = Field(3, ge=1, description="synthetic: image channels")
     num_classes: int = Field(10, ge=1, description="synthetic: number of classes")

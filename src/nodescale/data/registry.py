@@ -53,7 +53,8 @@ DATASETS: dict[str, DatasetEntry] = {
     ),
     "hdf5": DatasetEntry(
         "nodescale.data.hdf5", "classification", True,
-        "an .h5 file with train/images and train/labels datasets (and val/ or test/ likewise)",
+        "an .h5 file with images and labels datasets at the top (LUMI's layout, split by val_fraction), "
+        "or train/ and val/ (or test/) groups holding them",
         "images and labels in an HDF5 file (like LUMI's Tiny-ImageNet)",
     ),
     "synthetic": DatasetEntry(

@@ -35,16 +35,46 @@ class ModelEntry:
 
 
 MODELS: dict[str, ModelEntry] = {
-    "toy": ModelEntry("nodescale.models.toy:build_toy", "regression", "linear regression with MSE (the DDP tutorial's)"),
-    "cnn": ModelEntry("nodescale.models.cnn:build_cnn", "classification", "2 conv-BN-ReLU-maxpool blocks (16, 32) + linear (CSC MNIST)"),
-    "resnet18": ModelEntry("nodescale.models.resnet:build_resnet18", "classification", "ResNet-18, basic blocks"),
-    "resnet34": ModelEntry("nodescale.models.resnet:build_resnet34", "classification", "ResNet-34, basic blocks"),
-    "resnet50": ModelEntry("nodescale.models.resnet:build_resnet50", "classification", "ResNet-50, bottleneck blocks"),
-    "resnet101": ModelEntry("nodescale.models.resnet:build_resnet101", "classification", "ResNet-101, bottleneck blocks"),
-    "resnet152": ModelEntry("nodescale.models.resnet:build_resnet152", "classification", "ResNet-152, bottleneck blocks"),
-    "vit_tiny": ModelEntry("nodescale.models.vit:build_vit_tiny", "classification", "ViT-Ti (192 wide, 12 blocks, 3 heads)"),
-    "vit_small": ModelEntry("nodescale.models.vit:build_vit_small", "classification", "ViT-S (384 wide, 12 blocks, 6 heads)"),
-    "vit_b16": ModelEntry("nodescale.models.vit:build_vit_b16", "classification", "ViT-B/16 (768 wide, 12 blocks, 12 heads)"),
+    "toy": ModelEntry(
+        "nodescale.models.toy:build_toy", "regression",
+        "linear regression with MSE (the DDP tutorial's)",
+    ),
+    "cnn": ModelEntry(
+        "nodescale.models.cnn:build_cnn", "classification",
+        "2 conv-BN-ReLU-maxpool blocks (16, 32) + linear (CSC MNIST)",
+    ),
+    "resnet18": ModelEntry(
+        "nodescale.models.resnet:build_resnet18", "classification",
+        "ResNet-18, basic blocks",
+    ),
+    "resnet34": ModelEntry(
+        "nodescale.models.resnet:build_resnet34", "classification",
+        "ResNet-34, basic blocks",
+    ),
+    "resnet50": ModelEntry(
+        "nodescale.models.resnet:build_resnet50", "classification",
+        "ResNet-50, bottleneck blocks",
+    ),
+    "resnet101": ModelEntry(
+        "nodescale.models.resnet:build_resnet101", "classification",
+        "ResNet-101, bottleneck blocks",
+    ),
+    "resnet152": ModelEntry(
+        "nodescale.models.resnet:build_resnet152", "classification",
+        "ResNet-152, bottleneck blocks",
+    ),
+    "vit_tiny": ModelEntry(
+        "nodescale.models.vit:build_vit_tiny", "classification",
+        "ViT-Ti (192 wide, 12 blocks, 3 heads)",
+    ),
+    "vit_small": ModelEntry(
+        "nodescale.models.vit:build_vit_small", "classification",
+        "ViT-S (384 wide, 12 blocks, 6 heads)",
+    ),
+    "vit_b16": ModelEntry(
+        "nodescale.models.vit:build_vit_b16", "classification",
+        "ViT-B/16 (768 wide, 12 blocks, 12 heads)",
+    ),
 }
 
 

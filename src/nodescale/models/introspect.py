@@ -1,0 +1,92 @@
+"""What the training loop needs to know about a model's structure and cost.
+
+``repeated_blocks`` gives the units to shard (FSDP) or recompute (activation
+checkpointing); ``forward_flops_per_sample`` gives the work per sample for
+model FLOPs utilisation (MFU).
+
+Each model class declares its repeated blocks with a class attribute::
+
+    class ResNet(nn.Module):
+        block_types: tuple[type[nn.Module], ...] = (BasicBlock, Bottleneck)
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from nodescale.models.spec import InputSpec
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model inside DataParallel, DistributedDataParallel and ``torch.compile`` wrappers."""
+    while True:
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks (instances of its ``block_types``) in forward order.
+
+    Wrappers are seen through. The order is that of ``model.modules()``, which
+    is the forward order for every model here because each registers its
+    blocks in the order it calls them. A model that declares no
+    ``block_types`` (or an empty tuple, like ``toy``) gives an empty list:
+    callers then treat the whole model as one unit.
+    """
+    inner = unwrap(model)
+    block_types = getattr(type(inner), "block_types", ())
+    if not block_types:
+        return []
+    return [module for module in inner.modules() if isinstance(module, block_types)]
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers live on the meta device.
+
+    Meta tensors have shapes but no storage, so the copy takes no memory and
+    running it does no arithmetic, however large the model. The tensors are
+    handed to ``deepcopy`` ready-made rather than copied and then moved, so
+    the real weights are never duplicated, not even briefly.
+    """
+    memo: dict[int, object] = {}
+    for param in model.parameters():
+        memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+    return copy.deepcopy(model, memo)
+
+
+def forward_flops_per_sample(model: nn.Module, spec: InputSpec) -> int:
+    """FLOPs of one forward pass of one sample, counting 2 FLOPs per multiply-add.
+
+    Counted by ``torch.utils.flop_counter.FlopCounterMode`` on a meta-device
+    copy of the (unwrapped) model, so it costs no real compute or memory even
+    for ResNet-152 at 224x224. Only matrix products, convolutions and attention
+    are counted (elementwise work such as BatchNorm, activations and pooling
+    is not), which is the usual convention for MFU. Because a multiply-add is
+    2 FLOPs, the figures are twice the "MACs" often quoted as FLOPs: ResNet-50
+    at 224x224 is about 8.2e9 here, the well-known "4.1 GFLOPs".
+    """
+    meta_model = _meta_copy(unwrap(model)).eval()  # eval: BatchNorm accepts a batch of one
+    sample = torch.empty((1, *spec.shape), device="meta")
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        meta_model(sample)
+    return int(counter.get_total_flops())
+
+
+def training_flops_per_sample(model: nn.Module, spec: InputSpec) -> int:
+    """FLOPs of forward and backward for one sample: 3x the forward.
+
+    The backward pass costs about twice the forward (gradients with respect
+    to both activations and weights), the standard estimate used for MFU.
+    """
+    return 3 * forward_flops_per_sample(model, spec)
