@@ -119,18 +119,27 @@ class Context:
         *,
         shuffle: bool = True,
         drop_last: bool = False,
+        pad: bool = True,
         seed: int = 0,
         **loader_options: Any,
     ) -> EpochLoader:
         """A DataLoader over this rank's shard, reshuffled every epoch (``set_epoch`` done for you).
 
-        ``batch_size`` is per process. Without ``drop_last``, the sampler pads
-        the last round with repeated samples so that every rank runs the same
-        number of steps (as ``DistributedSampler`` does).
+        ``batch_size`` is per process. For training, the sampler pads the last
+        round with repeated samples (or drops it, with ``drop_last``) so every
+        rank runs the same number of steps, as DDP needs. For evaluation pass
+        ``pad=False``: each sample then lands on exactly one rank, so totals
+        summed over ranks count every sample once (ranks may differ by one
+        sample, so evaluate the unwrapped model: ``ctx.unwrap(model)``).
         """
-        sampler = DistributedSampler(
-            dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=seed, drop_last=drop_last
-        )
+        sampler: DistributedSampler | _UnpaddedShard
+        if pad:
+            sampler = DistributedSampler(
+                dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=seed,
+                drop_last=drop_last,
+            )
+        else:
+            sampler = _UnpaddedShard(len(dataset), self.world_size, self.rank, shuffle, seed)
         loader_options.setdefault("pin_memory", self.device.type == "cuda")
         loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_options)
         return EpochLoader(loader, sampler)
@@ -173,10 +182,31 @@ class Context:
         shutdown(self.runtime)
 
 
+class _UnpaddedShard:
+    """Positions ``rank, rank + W, ...`` of the (shuffled) order: each sample on exactly one rank."""
+
+    def __init__(self, size: int, world_size: int, rank: int, shuffle: bool, seed: int) -> None:
+        self.size, self.world_size, self.rank, self.shuffle, self.seed = size, world_size, rank, shuffle, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(range(self.size))
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.size, generator=generator).tolist()
+        return iter(order[self.rank::self.world_size])
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.size, self.world_size))
+
+
 class EpochLoader:
     """Iterating starts the next epoch: the sampler is told the epoch each time."""
 
-    def __init__(self, loader: DataLoader, sampler: DistributedSampler) -> None:
+    def __init__(self, loader: DataLoader, sampler: DistributedSampler | _UnpaddedShard) -> None:
         self.loader = loader
         self.sampler = sampler
         self.epoch = 0

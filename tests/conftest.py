@@ -1,0 +1,57 @@
+"""Shared test helpers: run the real CLI in subprocesses and read what runs wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # No inherited launcher variables: each test decides how processes start.
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(name, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``nodescale ARGS`` in a subprocess; fails the test with its output if ``check`` and it failed."""
+    result = subprocess.run(
+        [sys.executable, "-m", "nodescale", *args], cwd=cwd, env=cli_env(), capture_output=True, text=True,
+        timeout=timeout,
+    )
+    if check and result.returncode != 0:
+        pytest.fail(f"nodescale {' '.join(args)} exited {result.returncode}\n"
+                    f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
+    return result
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The model state of the newest checkpoint of a run."""
+    from nodescale.train.checkpoint import list_checkpoints
+
+    _, path = list_checkpoints(run_dir)[-1]
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].is_floating_point())

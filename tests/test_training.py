@@ -1,0 +1,156 @@
+"""Real training runs: DDP on 2 gloo ranks against one process, resume, summaries.
+
+Every test here starts real processes through the real CLI (nodescale's own
+launcher, which is torch's elastic agent, or an external torchrun).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import cli_env, final_weights, max_difference, read_metrics, read_summary, run_cli
+
+pytestmark = pytest.mark.multiproc
+
+# Constant learning rate and plain SGD: differences between runs stay the
+# size of float rounding instead of being rescaled by Adam's normaliser.
+SGD = ["--optimizer", "sgd", "--lr", "0.05", "--set", "optim.schedule=constant", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def equivalence_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same 12 steps of cnn on digits: 2 ranks x batch 16, 1 rank x 32, single-process x 32."""
+    root = tmp_path_factory.mktemp("equivalence")
+    common = ["--max-steps", "12", "--seed", "3", *SGD]
+    runs = {
+        "ddp2": ["--nproc", "2", "--batch-size", "16", "--sync-batchnorm"],
+        "ddp1": ["--nproc", "1", "--batch-size", "32"],
+        "single": ["--strategy", "single", "--batch-size", "32"],
+    }
+    for name, args in runs.items():
+        run_cli(["train", *common, *args, "--out", str(root / name)], cwd=root)
+    return {name: root / name for name in runs}
+
+
+def test_ddp_two_ranks_half_batch_equals_one_rank_full_batch(equivalence_runs: dict[str, Path]) -> None:
+    # Tolerance: SyncBatchNorm reduces sums across ranks in another order than
+    # BatchNorm over one batch; after 12 SGD steps that leaves ~1e-6.
+    two = final_weights(equivalence_runs["ddp2"])
+    one = final_weights(equivalence_runs["ddp1"])
+    single = final_weights(equivalence_runs["single"])
+    assert max_difference(two, one) < 1e-4
+    assert max_difference(one, single) < 1e-6
+    assert max_difference(two, final_weights(equivalence_runs["ddp2"])) == 0.0
+
+
+def test_validation_is_aggregated_over_all_ranks(equivalence_runs: dict[str, Path]) -> None:
+    two, one = read_summary(equivalence_runs["ddp2"]), read_summary(equivalence_runs["ddp1"])
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    # 359 validation samples do not split evenly over 2 ranks: each is counted once.
+    assert two["val_samples"] == one["val_samples"] == 359
+    assert two["val_accuracy"] == pytest.approx(one["val_accuracy"], abs=1 / 359)
+    assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-3)
+
+
+def test_uneven_last_batch_gives_the_exact_global_mean(tmp_path: Path) -> None:
+    # 101 samples: the epoch's last step holds 5 real samples over 2 ranks and padding.
+    # A model without BatchNorm makes the weighted loss the only thing under test.
+    common = ["--model", "toy", "--dataset", "regression", "--set", "data.samples=101", "--epochs", "2", *SGD]
+    run_cli(["train", *common, "--nproc", "2", "--batch-size", "8", "--out", "two"], cwd=tmp_path)
+    run_cli(["train", *common, "--strategy", "single", "--batch-size", "16", "--out", "one"], cwd=tmp_path)
+    assert max_difference(final_weights(tmp_path / "two"), final_weights(tmp_path / "one")) < 1e-6
+    assert read_summary(tmp_path / "two")["val_accuracy"] is None  # regression has no accuracy
+
+
+def test_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tmp_path: Path) -> None:
+    args = ["train", "--nproc", "2", "--max-steps", "30", "--checkpoint-every", "10", "--keep-last", "5",
+            "--no-progress"]
+    run_cli([*args, "--out", "full"], cwd=tmp_path)
+    # Step 10 is mid-epoch (23 steps per epoch): the sampler position must be restored too.
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
+    shutil.copy(tmp_path / "full/checkpoints/step-00000010.pt", tmp_path / "resumed/checkpoints/")
+    result = run_cli([*args, "--out", "resumed", "--resume"], cwd=tmp_path)
+    assert "resumed from" in result.stdout
+    assert max_difference(final_weights(tmp_path / "full"), final_weights(tmp_path / "resumed")) == 0.0
+    assert read_summary(tmp_path / "resumed")["global_steps"] == 30
+
+
+def test_one_epoch_summary_is_right(tmp_path: Path) -> None:
+    result = run_cli(["train", "--epochs", "1", "--no-progress", "--out", "run"], cwd=tmp_path)
+    summary = read_summary(tmp_path / "run")
+    assert summary["epochs_completed"] == 1 and len(summary["epoch_seconds"]) == 1
+    assert summary["average_epoch_seconds"] == pytest.approx(summary["epoch_seconds"][0], rel=1e-3)
+    assert summary["average_epoch_excludes_first"] is False
+    # 1,438 training samples, 64 per step over 2 ranks, the first 5 steps are warm-up:
+    # the throughput counts exactly what both ranks processed after that.
+    assert summary["timed_samples"] == 1438 - 5 * 64
+    assert summary["timed_steps"] == 23 - 5
+    assert len(summary["samples_per_second_by_rank"]) == 2
+    assert summary["samples_per_second"] == pytest.approx(summary["timed_samples"] / (
+        summary["step_seconds"] * summary["timed_steps"]), rel=1e-6)
+    for key in ("world_size", "strategy", "samples_per_second", "val_loss", "val_accuracy", "wall_seconds"):
+        assert summary[key] is not None
+    kinds = [record["kind"] for record in read_metrics(tmp_path / "run")]
+    assert kinds.count("epoch") == 1 and "step" in kinds
+    assert "(the only epoch)" in result.stdout and "samples/s" in result.stdout
+
+
+def test_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "nodescale", "train", "--max-steps", "4", "--no-progress", "--out", "run"],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = read_summary(tmp_path / "run")
+    assert summary["world_size"] == 2 and summary["global_steps"] == 4
+
+
+def test_default_job_reaches_95_percent_within_a_minute(tmp_path: Path) -> None:
+    # The README's first command: `nodescale train` with no arguments.
+    run_cli(["train"], cwd=tmp_path)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    summary = read_summary(run_dir)
+    assert summary["world_size"] == 2 and summary["model"] == "cnn" and summary["dataset"] == "digits"
+    assert summary["val_accuracy"] >= 0.95
+    assert summary["wall_seconds"] < 60
+
+
+def test_dp_strategy_warns_and_trains(tmp_path: Path) -> None:
+    result = run_cli(["train", "--strategy", "dp", "--max-steps", "3", "--out", "run"], cwd=tmp_path)
+    assert "slower than DDP" in result.stderr
+    assert read_summary(tmp_path / "run")["world_size"] == 1
+
+
+def test_reusing_a_run_directory_needs_resume(tmp_path: Path) -> None:
+    run_cli(["train", "--strategy", "single", "--max-steps", "2", "--out", "run"], cwd=tmp_path)
+    result = run_cli(["train", "--strategy", "single", "--max-steps", "2", "--out", "run"], cwd=tmp_path,
+                     check=False)
+    assert result.returncode == 2
+    assert "already holds a run" in result.stderr and "--resume" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_data_dir_fails_before_any_process_starts(tmp_path: Path) -> None:
+    result = run_cli(["train", "--dataset", "mnist", "--data-dir", str(tmp_path / "nope")], cwd=tmp_path,
+                     check=False)
+    assert result.returncode == 2
+    assert "nope" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_checkpoint_holds_the_whole_training_state(tmp_path: Path) -> None:
+    run_cli(["train", "--nproc", "2", "--max-steps", "3", "--no-progress", "--out", "run"], cwd=tmp_path)
+    from nodescale.train.checkpoint import list_checkpoints
+
+    (_, path), = list_checkpoints(tmp_path / "run")
+    state = torch.load(path, weights_only=True)
+    assert {"model", "optimizer", "scheduler", "scaler", "position", "rng", "config"} <= state.keys()
+    assert state["position"]["global_step"] == 3 and len(state["rng"]) == 2
+    assert state["optimizer"]["state"], "optimiser moments must be saved"
