@@ -49,6 +49,7 @@ class StepLoader:
         if isinstance(dataset, ArrayDataset) and device.type != "cpu" and dataset.nbytes <= RESIDENT_BYTES:
             dataset = dataset.to(device)
         self.dataset = dataset
+        self._ones: dict[int, torch.Tensor] = {}  # full batches' weights, made on the device once
         self._sampler = _PlannedBatches()
         self._loader: DataLoader | None = None
         if not isinstance(dataset, ArrayDataset):
@@ -79,10 +80,17 @@ class StepLoader:
             yield self._with_weights(x, y, batch)
 
     def _with_weights(self, x: torch.Tensor, y: torch.Tensor, batch: Batch) -> DeviceBatch:
-        weights = batch.weights.to(self.device, non_blocking=True)
+        real = int(batch.weights.sum())
+        size = len(batch.weights)
+        if real == size:  # almost every batch: no per-step host-to-device copy
+            if size not in self._ones:
+                self._ones[size] = torch.ones(size, device=self.device)
+            weights = self._ones[size]
+        else:
+            weights = batch.weights.to(self.device, non_blocking=True)
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        return DeviceBatch(x, y, weights, batch.global_count, int(batch.weights.sum()))
+        return DeviceBatch(x, y, weights, batch.global_count, real)
 
 
 class _PlannedBatches:

@@ -26,7 +26,7 @@ class Console:
 
     def print(self, *objects: Any) -> None:
         if self.enabled:
-            self.rich.print(*objects)
+            self.rich.print(*objects, soft_wrap=True)  # whole lines in batch-job logs
 
     def note(self, text: str) -> None:
         self.print(f"[yellow]note:[/] {text}")
