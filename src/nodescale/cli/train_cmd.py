@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from nodescale.dist.env import detect
 
     env = detect()
+    _warn_if_srun_forgotten(env.source)
     if env.source != "single":  # started by torchrun, srun, mpiexec...: we are one of the workers
         if cfg.strategy.nproc != "auto" and env.rank == 0:
             warnings.warn(f"--nproc ignored: {env.source} started {env.world_size} processes", stacklevel=1)
@@ -45,6 +46,18 @@ def run(args: argparse.Namespace) -> int:
         run_training(cfg, env)
         return 0
     return _run_here(cfg)
+
+
+def _warn_if_srun_forgotten(source: str) -> None:
+    import os
+
+    tasks = os.environ.get("SLURM_NTASKS", "1")
+    if source == "single" and tasks.isdigit() and int(tasks) > 1:
+        warnings.warn(
+            f"this Slurm job asked for {tasks} tasks but nodescale was started once, outside srun; "
+            "start it with `srun nodescale train ...` (one task per GPU) or it uses --nproc local processes only",
+            stacklevel=2,
+        )
 
 
 def _run_here(cfg: RunConfig) -> int:
