@@ -154,3 +154,30 @@ def test_checkpoint_holds_the_whole_training_state(tmp_path: Path) -> None:
     assert {"model", "optimizer", "scheduler", "scaler", "position", "rng", "config"} <= state.keys()
     assert state["position"]["global_step"] == 3 and len(state["rng"]) == 2
     assert state["optimizer"]["state"], "optimiser moments must be saved"
+
+
+def test_a_data_error_found_by_the_workers_is_reported_once_and_blocks_nothing(tmp_path: Path) -> None:
+    import struct
+
+    data = tmp_path / "mnist"
+    data.mkdir()
+    for name, magic, shape in [("train-images-idx3-ubyte", 2051, (100, 28, 28)),
+                               ("train-labels-idx1-ubyte", 2049, (100,)),
+                               ("t10k-images-idx3-ubyte", 2051, (20, 28, 28)),
+                               ("t10k-labels-idx1-ubyte", 2049, (20,))]:
+        size = 1
+        for dim in shape:
+            size *= dim
+        header = struct.pack(">I", magic) + b"".join(struct.pack(">I", dim) for dim in shape)
+        (data / name).write_bytes(header + bytes(size))
+    images = data / "train-images-idx3-ubyte"
+    whole = images.read_bytes()
+    images.write_bytes(whole[:5000])  # truncated: only the loaders in the workers can tell
+    args = ["train", "--dataset", "mnist", "--data-dir", str(data), "--max-steps", "2", "--no-progress",
+            "--out", "run"]
+    result = run_cli(args, cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    assert result.stderr.count("is truncated") == 1 and "ranks 0, 1" in result.stderr
+    assert "Traceback" not in result.stderr and "exitcode" not in result.stderr
+    images.write_bytes(whole)
+    run_cli(args, cwd=tmp_path)  # the failed attempt left nothing that makes the rerun need --resume

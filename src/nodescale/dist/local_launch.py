@@ -10,10 +10,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 from nodescale.errors import EXIT_USER_ERROR
+
+# Workers (nodescale.train.worker) write their user errors into this directory and the
+# launcher prints each distinct one once, instead of N ranks printing the same lines.
+ERROR_DIR_VARIABLE = "NODESCALE_ERROR_DIR"
 
 
 def threads_per_process(nproc: int, cpus: int | None = None) -> int:
@@ -36,9 +42,9 @@ def launch_local(module: str, args: Sequence[str], nproc: int, max_restarts: int
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # The agent logs each restart and failure at WARNING with long tracebacks;
-    # nodescale reports failures itself, in one line per rank.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    # The agent logs every worker failure with its own traceback-like report;
+    # nodescale reports failures itself: each user error once, exit codes per rank.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
     config = LaunchConfig(
         min_nodes=1,
@@ -50,13 +56,32 @@ def launch_local(module: str, args: Sequence[str], nproc: int, max_restarts: int
         max_restarts=max_restarts,
         monitor_interval=0.1,
     )
-    try:
-        elastic_launch(config, sys.executable)("-u", "-m", module, *args)
-    except ChildFailedError as exc:
-        codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
-        if all(code == EXIT_USER_ERROR for code in codes.values()):
-            return EXIT_USER_ERROR
-        details = ", ".join(f"rank {rank} exit code {code}" for rank, code in sorted(codes.items()))
-        print(f"nodescale: worker processes failed: {details}", file=sys.stderr)
-        return 1
+    with tempfile.TemporaryDirectory(prefix="nodescale-errors-") as error_dir:
+        os.environ[ERROR_DIR_VARIABLE] = error_dir
+        try:
+            elastic_launch(config, sys.executable)("-u", "-m", module, *args)
+        except ChildFailedError as exc:
+            codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
+            _print_user_errors(Path(error_dir))
+            # When one rank stops on a user error the agent terminates the others
+            # (negative exit codes: killed by a signal); that is still the user's error.
+            if EXIT_USER_ERROR in codes.values() and all(
+                code == EXIT_USER_ERROR or code < 0 for code in codes.values()
+            ):
+                return EXIT_USER_ERROR
+            details = ", ".join(f"rank {rank} exit code {code}" for rank, code in sorted(codes.items()))
+            print(f"nodescale: worker processes failed: {details}", file=sys.stderr)
+            return 1
+        finally:
+            del os.environ[ERROR_DIR_VARIABLE]
     return 0
+
+
+def _print_user_errors(error_dir: Path) -> None:
+    """Each distinct user error once, with the ranks that hit it."""
+    ranks_by_message: dict[str, list[int]] = {}
+    for path in error_dir.glob("rank-*.txt"):
+        ranks_by_message.setdefault(path.read_text(), []).append(int(path.stem.split("-")[1]))
+    for message, ranks in ranks_by_message.items():
+        who = "rank" if len(ranks) == 1 else "ranks"
+        print(f"nodescale: error ({who} {', '.join(map(str, sorted(ranks)))}): {message}", file=sys.stderr)

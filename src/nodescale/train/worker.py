@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
+from nodescale.dist.local_launch import ERROR_DIR_VARIABLE
 from nodescale.errors import EXIT_USER_ERROR, UserError
 
 
@@ -20,7 +22,11 @@ def main(argv: list[str]) -> int:
         run_training(load_config(argv[0]))
     except UserError as exc:
         rank = os.environ.get("RANK", "0")
-        print(f"nodescale: error (rank {rank}): {exc}", file=sys.stderr)
+        error_dir = os.environ.get(ERROR_DIR_VARIABLE)
+        if error_dir:  # the local launcher prints each distinct error once
+            Path(error_dir, f"rank-{rank}.txt").write_text(str(exc))
+        else:
+            print(f"nodescale: error (rank {rank}): {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     return 0
 
