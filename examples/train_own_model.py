@@ -3,7 +3,7 @@
 Run it as you would any script; nodescale finds out how it was started:
 
     python examples/train_own_model.py                      # one process
-    torchrun --nproc-per-node 2 examples/train_own_model.py # 2 processes (or: nodescale launch)
+    torchrun --nproc-per-node 2 examples/train_own_model.py # 2 processes
     srun python examples/train_own_model.py                 # one process per Slurm task
 
 It fits a small MLP to the handwritten digits scikit-learn ships and writes

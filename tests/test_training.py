@@ -181,3 +181,34 @@ def test_a_data_error_found_by_the_workers_is_reported_once_and_blocks_nothing(t
     assert "Traceback" not in result.stderr and "exitcode" not in result.stderr
     images.write_bytes(whole)
     run_cli(args, cwd=tmp_path)  # the failed attempt left nothing that makes the rerun need --resume
+
+
+def test_resume_with_another_model_is_refused_and_keeps_the_run_settings(tmp_path: Path) -> None:
+    run_cli(["train", "--strategy", "single", "--max-steps", "2", "--no-progress", "--out", "run"], cwd=tmp_path)
+    before = (tmp_path / "run" / "config.yaml").read_text()
+    result = run_cli(["train", "--strategy", "single", "--model", "resnet18", "--max-steps", "4", "--no-progress",
+                      "--out", "run", "--resume"], cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    assert "model.name was 'cnn', now 'resnet18'" in result.stderr and "Traceback" not in result.stderr
+    assert (tmp_path / "run" / "config.yaml").read_text() == before
+
+
+def test_resume_on_another_world_size_continues(tmp_path: Path) -> None:
+    # Saved by 2 ranks x 16, resumed by 1 rank x 32: the same global batch, mid-epoch.
+    run_cli(["train", "--nproc", "2", "--batch-size", "16", "--max-steps", "20", "--checkpoint-every", "10",
+             "--keep-last", "5", "--no-progress", "--out", "run"], cwd=tmp_path)
+    (tmp_path / "run" / "checkpoints" / "step-00000020.pt").unlink()
+    result = run_cli(["train", "--nproc", "1", "--batch-size", "32", "--max-steps", "20", "--no-progress",
+                      "--out", "run", "--resume"], cwd=tmp_path)
+    assert "exact continuation needs the same layout" in result.stdout
+    summary = read_summary(tmp_path / "run")
+    assert summary["world_size"] == 1 and summary["global_steps"] == 20
+    records = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "checkpoint"]
+    assert [r["step"] for r in records] == [10, 20, 20]  # first run: 10 and 20; the resumed run: 20
+
+
+def test_the_final_step_is_saved_once(tmp_path: Path) -> None:
+    run_cli(["train", "--strategy", "single", "--max-steps", "10", "--checkpoint-every", "5", "--no-progress",
+             "--out", "run"], cwd=tmp_path)
+    steps = [r["step"] for r in read_metrics(tmp_path / "run") if r["kind"] == "checkpoint"]
+    assert steps == [5, 10]

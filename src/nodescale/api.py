@@ -16,7 +16,7 @@
     ctx.close()
 
 The script runs unchanged as ``python script.py`` (one process), under
-``torchrun``, ``srun`` or ``mpiexec``, and through ``nodescale launch``.
+``torchrun``, ``srun`` or ``mpiexec``.
 """
 
 from __future__ import annotations
@@ -59,8 +59,12 @@ class Context:
     def __enter__(self) -> Context:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        elif dist.is_initialized():
+            # Other ranks may never reach a barrier now; leave without one.
+            dist.destroy_process_group()
 
     @property
     def env(self) -> DistEnv:

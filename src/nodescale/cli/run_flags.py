@@ -20,6 +20,7 @@ class Flag:
     name: str
     key: str
     switch: Any = None  # value set by a flag that takes no argument
+    help: str | None = None  # when the schema's description would read wrong for this flag
 
 
 FLAGS = (
@@ -45,7 +46,7 @@ FLAGS = (
     Flag("--compile", "train.compile", switch=True),
     Flag("--channels-last", "train.channels_last", switch=True),
     Flag("--resume", "checkpoint.resume", switch=True),
-    Flag("--no-progress", "train.progress", switch=False),
+    Flag("--no-progress", "train.progress", switch=False, help="no progress bar (one line per epoch instead)"),
 )
 
 FLAG_NAMES = {flag.key: flag.name for flag in FLAGS}
@@ -67,10 +68,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         dest = flag.key.replace(".", "__")
         if flag.switch is None:
             parser.add_argument(flag.name, dest=dest, metavar=flag.name.strip("-").split("-")[-1].upper(),
-                                help=describe(flag.key))
+                                help=flag.help or describe(flag.key))
         else:
             parser.add_argument(flag.name, dest=dest, action="store_const", const=flag.switch,
-                                help=describe(flag.key))
+                                help=flag.help or describe(flag.key))
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="set any configuration key, e.g. --set optim.weight_decay=0.05 (repeatable)")
 
@@ -78,15 +79,19 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     """Dotted-key overrides from the flags the user actually gave (``--set`` first, flags win)."""
     overrides = dict(parse_assignment(text) for text in args.assignments)
-    for flag in FLAGS:
-        value = getattr(args, flag.key.replace(".", "__"))
-        if value is not None:
-            overrides[flag.key] = value
+    overrides.update(_flag_values(args))
     return overrides
+
+
+def _flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    values = {flag.key: getattr(args, flag.key.replace(".", "__")) for flag in FLAGS}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
     """The validated configuration: defaults < ``--config`` file < ``--set`` < flags."""
     from nodescale.config.load import load_config
 
-    return load_config(args.config, overrides_from(args), FLAG_NAMES)
+    # Errors name the flag only for values that came from a flag, not from --set or YAML.
+    typed = {key: FLAG_NAMES[key] for key in _flag_values(args)}
+    return load_config(args.config, overrides_from(args), typed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from pathlib import Path
 
 from nodescale.cli.run_flags import add_run_flags, resolve_config
 from nodescale.config.schema import RunConfig
@@ -78,9 +79,14 @@ def _run_here(cfg: RunConfig) -> int:
 
         run_training(cfg)
         return 0
+    import tempfile
+
     from nodescale.dist.local_launch import launch_local
 
-    config_path = cfg.out / "config.yaml"
-    write_text_atomic(config_path, dump_yaml(cfg))
-    sys.stdout.flush()
-    return launch_local("nodescale.train.worker", [str(config_path)], nproc)
+    # The workers' copy of the configuration; rank 0 writes the run's config.yaml itself
+    # once training is sure to start (a refused --resume must not overwrite it).
+    with tempfile.TemporaryDirectory(prefix="nodescale-launch-") as handoff:
+        config_path = Path(handoff) / "config.yaml"
+        write_text_atomic(config_path, dump_yaml(cfg))
+        sys.stdout.flush()
+        return launch_local("nodescale.train.worker", [str(config_path)], nproc)

@@ -115,12 +115,17 @@ class StrategySection(Section):
             raise unknown_choice("strategy", value, STRATEGIES)
         return value
 
-    @field_validator("nproc")
+    @field_validator("nproc", mode="before")
     @classmethod
-    def _positive_nproc(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise UserError(f"nproc {value}", "must be at least 1 or 'auto'", "use --nproc 2, or leave it out")
-        return value
+    def _positive_nproc(cls, value: object) -> int | str:
+        # One message for every bad form, instead of pydantic's per-union-member errors.
+        if value == "auto":
+            return "auto"
+        text = str(value).strip()
+        if isinstance(value, bool) or not text.lstrip("-").isdigit() or int(text) < 1:
+            raise UserError(f"nproc {value!r}", "must be a whole number of processes, at least 1, or 'auto'",
+                            "use --nproc 2, or leave it out for one per GPU (2 on CPU)")
+        return int(text)
 
 
 class CheckpointSection(Section):

@@ -42,6 +42,7 @@ class StepLoader:
         device: torch.device,
         num_workers: int = 0,
         channels_last: bool = False,
+        persistent_workers: bool = True,
     ) -> None:
         self.plan = plan
         self.device = device
@@ -58,7 +59,7 @@ class StepLoader:
                 batch_sampler=self._sampler,
                 num_workers=num_workers,
                 pin_memory=device.type == "cuda",
-                persistent_workers=num_workers > 0,
+                persistent_workers=persistent_workers and num_workers > 0,
                 prefetch_factor=4 if num_workers > 0 else None,
             )
 

@@ -59,7 +59,7 @@ DATASETS: dict[str, DatasetEntry] = {
     ),
     "synthetic": DatasetEntry(
         "nodescale.data.synthetic", "classification", False, "no files needed",
-        "random images generated on the device, for benchmarks",
+        "random images drawn from the seed and kept on the device, for benchmarks",
     ),
     "regression": DatasetEntry(
         "nodescale.data.regression", "regression", False, "no files needed",

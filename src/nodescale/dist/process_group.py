@@ -58,10 +58,12 @@ def select_device(env: DistEnv) -> torch.device:
     """One accelerator per local rank where there are accelerators, else the CPU."""
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
-        if env.local_world_size > count:
+        # A process that sees one GPU (Slurm --gpus-per-task, LUMI's per-GCD masks) owns it;
+        # seeing several but fewer than the local processes means GPUs are shared.
+        if 1 < count < env.local_world_size:
             warnings.warn(
                 f"{env.local_world_size} processes on this node share {count} GPUs; "
-                "start one process per GPU (e.g. --nproc-per-node {count})", stacklevel=2,
+                f"start one process per GPU ({count} per node)", stacklevel=2,
             )
         device = torch.device("cuda", env.local_rank % count)
         torch.cuda.set_device(device)

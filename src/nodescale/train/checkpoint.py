@@ -53,6 +53,31 @@ def save(run_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Pat
     return path
 
 
+# What must be the same for the saved weights and optimiser state to fit the resumed run.
+_STATE_KEYS = (("model", "name"), ("model", "stem"), ("model", "patch_size"), ("data", "name"),
+               ("data", "image_size"), ("data", "channels"), ("data", "num_classes"), ("optim", "name"))
+
+
+def check_compatible(state: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    """Raise ``UserError`` if ``state`` was saved by a run whose model or optimiser differ.
+
+    ``current`` is the resumed run's configuration as a plain dict.
+    """
+    saved = state.get("config", {})
+    differences = []
+    for section, key in _STATE_KEYS:
+        before, now = saved.get(section, {}).get(key), current[section][key]
+        if before != now:
+            differences.append(f"{section}.{key} was {before!r}, now {now!r}")
+    if differences:
+        raise UserError(
+            f"--resume from {path}",
+            "the checkpoint was saved by a run with another model, data or optimiser: " + "; ".join(differences),
+            f"resume with the run's own settings (--config {path.parent.parent / 'config.yaml'}), "
+            "or start a new run with another --out",
+        )
+
+
 def load_newest(run_dir: Path) -> tuple[dict[str, Any], Path] | None:
     """The newest checkpoint that loads, or ``None`` when the run has none.
 

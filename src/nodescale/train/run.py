@@ -70,7 +70,6 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float) -> d
     if runtime.is_main:
         check_run_dir(run_dir, cfg.checkpoint.resume)
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
     console = Console(runtime.is_main, cfg.train.progress)
     metrics = MetricsLog(run_dir / "metrics.jsonl", runtime.is_main)
 
@@ -95,7 +94,8 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float) -> d
     val_plan = ShardPlan(len(splits.val), world, rank, batch, cfg.train.seed, shuffle=False)
     workers = cfg.data.num_workers
     train_loader = StepLoader(splits.train, train_plan, runtime.device, workers, channels_last)
-    val_loader = StepLoader(splits.val, val_plan, runtime.device, workers, channels_last)
+    # Validation workers start per evaluation rather than idling beside the training ones.
+    val_loader = StepLoader(splits.val, val_plan, runtime.device, workers, channels_last, persistent_workers=False)
 
     steps_per_epoch = -(-train_plan.steps_per_epoch // cfg.train.grad_accum)
     total_steps = cfg.train.epochs * steps_per_epoch
@@ -111,6 +111,8 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float) -> d
         )
     if cfg.checkpoint.resume:
         _resume(trainer, run_dir, console)
+    if runtime.is_main:  # after a resume was accepted: a refused one leaves the run's own settings
+        write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
 
     trainer.fit()
     summary = gather_summary(cfg, runtime, trainer.timing, trainer.position.as_dict(), trainer.last_eval,
@@ -129,5 +131,11 @@ def _resume(trainer: Trainer, run_dir: Path, console: Console) -> None:
         console.note(f"--resume: no checkpoint in {run_dir}; starting from scratch")
         return
     state, path = found
-    trainer.load_state_dict(state)
+    checkpoint.check_compatible(state, trainer.cfg.model_dump(mode="json"), path)
+    try:
+        trainer.load_state_dict(state)
+    except (RuntimeError, KeyError, ValueError) as exc:  # shapes or optimiser groups that do not fit
+        first_line = str(exc).strip().splitlines()[0]
+        raise UserError(f"--resume from {path}", f"the checkpoint does not fit this run ({first_line})",
+                        "resume with the settings the run was started with, or use another --out") from None
     console.note(f"resumed from {path} (step {trainer.position.global_step})")

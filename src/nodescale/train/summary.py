@@ -32,20 +32,22 @@ def gather_summary(
     """Reduce every rank's figures into the run summary (a collective: call on all ranks)."""
     device = runtime.device
     # float64: sample counts must stay exact and seconds must not round.
-    local = torch.tensor([timing.timed_samples, timing.timed_seconds, float(peak_memory[0]),
-                          timing.timed_steps], dtype=torch.float64, device=device)
+    samples = torch.tensor(float(timing.timed_samples), dtype=torch.float64, device=device)
+    # Maxima over ranks: the job is as slow as its slowest rank and as big as its biggest.
+    wait_fraction = timing.data_wait_seconds / timing.timed_seconds if timing.timed_seconds else 0.0
+    maxima = torch.tensor([timing.timed_seconds, float(peak_memory[0]), wait_fraction, *timing.epoch_seconds],
+                          dtype=torch.float64, device=device)
     rates = torch.zeros(runtime.world_size, dtype=torch.float64, device=device)
     rates[runtime.rank] = timing.timed_samples / timing.timed_seconds if timing.timed_seconds > 0 else 0.0
-    samples, seconds, memory = local[0].clone(), local[1].clone(), local[2].clone()
     if runtime.distributed:
         dist.all_reduce(samples)
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-        dist.all_reduce(memory, op=dist.ReduceOp.MAX)
+        dist.all_reduce(maxima, op=dist.ReduceOp.MAX)  # every rank ran the same epochs
         dist.all_reduce(rates)  # each rank filled only its own slot
-    total_samples, slowest, peak = int(samples.item()), seconds.item(), int(memory.item())
+    total_samples = int(samples.item())
+    slowest, peak, worst_wait, *epochs = maxima.tolist()
     steps = timing.timed_steps
     throughput = total_samples / slowest if slowest > 0 else None
-    epochs = timing.epoch_seconds
+    devices = runtime.world_size * _devices_per_process(cfg, device)
     return {
         "world_size": runtime.world_size,
         "strategy": cfg.strategy.name,
@@ -58,12 +60,13 @@ def gather_summary(
         "epochs_completed": position["epoch"],
         "global_steps": position["global_step"],
         "samples_per_second": throughput,
-        "samples_per_second_per_device": throughput / runtime.world_size if throughput else None,
+        "devices": devices,
+        "samples_per_second_per_device": throughput / devices if throughput else None,
         "samples_per_second_by_rank": [round(rate, 3) for rate in rates.tolist()],
         "timed_samples": total_samples,
         "timed_steps": steps,
         "step_seconds": slowest / steps if steps else None,
-        "data_wait_fraction": timing.data_wait_seconds / timing.timed_seconds if timing.timed_seconds else None,
+        "data_wait_fraction": worst_wait if timing.timed_seconds else None,
         "timing_warmup_steps": cfg.train.timing_warmup_steps,
         "timing_includes_warmup": timing.includes_warmup,
         "epoch_seconds": [round(s, 4) for s in epochs],
@@ -79,6 +82,13 @@ def gather_summary(
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
     }
+
+
+def _devices_per_process(cfg: RunConfig, device: torch.device) -> int:
+    # DataParallel drives every GPU of the node from one process.
+    if cfg.strategy.name == "dp" and device.type == "cuda":
+        return max(1, torch.cuda.device_count())
+    return 1
 
 
 def _average_epoch(epochs: list[float]) -> float | None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import random
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,7 @@ class Trainer:
         self.metrics = metrics
         self.device = runtime.device
         self.position = Position()
+        self.saved_step: int | None = None  # the step of the newest checkpoint written by this run
         self.timing = Timing()
         self.last_eval: EvalResult | None = None
         precision = cfg.train.precision
@@ -152,6 +154,9 @@ class Trainer:
             )
 
     def save_checkpoint(self) -> None:
+        if self.saved_step == self.position.global_step:
+            return  # the periodic save already wrote this step
+        self.saved_step = self.position.global_step
         state = self.state_dict()  # every rank takes part in the gather
         if self.runtime.is_main:
             path = checkpoint.save(self.run_dir, self.position.global_step, state, self.cfg.checkpoint.keep_last)
@@ -206,7 +211,8 @@ class Trainer:
                 if every and step % every == 0:
                     clock.pause()
                     epoch_clock.pause()
-                    self.save_checkpoint()
+                    with window.excluded():
+                        self.save_checkpoint()
                     epoch_clock.start()
                     clock.start()
                 self.console.advance(step)
@@ -277,7 +283,8 @@ class Trainer:
     def _end_epoch(self, window: _Window, seconds: float) -> None:
         if window.steps:
             self._log_interval(window)
-        result = self._evaluate()
+        with window.excluded():
+            result = self._evaluate()
         self.last_eval = result
         record = {
             "kind": "epoch",
@@ -316,6 +323,7 @@ class _Window:
         self.data_wait = 0.0
         self.has_accuracy = False
         self.started = time.perf_counter()
+        self.excluded_seconds = 0.0
 
     def add(self, weighted_loss: torch.Tensor, hits: torch.Tensor | None, weights: torch.Tensor) -> None:
         self.totals[0] += weighted_loss.sum()
@@ -325,7 +333,16 @@ class _Window:
         self.totals[2] += weights.sum()
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+        return time.perf_counter() - self.started - self.excluded_seconds
+
+    @contextmanager
+    def excluded(self) -> Iterator[None]:
+        """Time spent inside (checkpointing, evaluation) does not count as training."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded_seconds += time.perf_counter() - began
 
     def reduce(self, distributed: bool) -> tuple[float, float | None, int]:
         totals = self.totals.clone()
