@@ -212,3 +212,16 @@ def test_the_final_step_is_saved_once(tmp_path: Path) -> None:
              "--out", "run"], cwd=tmp_path)
     steps = [r["step"] for r in read_metrics(tmp_path / "run") if r["kind"] == "checkpoint"]
     assert steps == [5, 10]
+
+
+@pytest.mark.slow
+def test_compile_and_channels_last_train_the_same_weights_as_eager(tmp_path: Path) -> None:
+    toy = ["--strategy", "single", "--model", "toy", "--dataset", "regression", "--max-steps", "4", *SGD]
+    run_cli(["train", *toy, "--out", "eager"], cwd=tmp_path)
+    run_cli(["train", *toy, "--compile", "--out", "compiled"], cwd=tmp_path)
+    # Inductor fuses and reorders float operations: equal up to rounding, not bit for bit.
+    assert max_difference(final_weights(tmp_path / "eager"), final_weights(tmp_path / "compiled")) < 1e-5
+    cnn = ["--strategy", "single", "--max-steps", "4", *SGD]
+    run_cli(["train", *cnn, "--out", "nchw"], cwd=tmp_path)
+    run_cli(["train", *cnn, "--channels-last", "--out", "nhwc"], cwd=tmp_path)
+    assert max_difference(final_weights(tmp_path / "nchw"), final_weights(tmp_path / "nhwc")) < 1e-5
