@@ -75,7 +75,7 @@ def gather_summary(
         "val_loss": last_eval.loss,
         "val_accuracy": last_eval.accuracy,
         "val_samples": last_eval.samples,
-        "peak_memory_bytes": peak,
+        "peak_memory_bytes": int(peak),
         "peak_memory_kind": peak_memory[1],
         "wall_seconds": wall_seconds,
         "device": _device_name(device),

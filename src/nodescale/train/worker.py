@@ -1,7 +1,8 @@
 """Entry point of one worker process started by nodescale's local launcher.
 
-``python -m nodescale.train.worker RUN_DIR/config.yaml``: the launcher has
-already validated the configuration and chosen the run directory.
+``python -m nodescale.train.worker CONFIG.yaml``: the launcher has already
+validated the configuration, chosen the run directory and written this copy
+of the configuration into a temporary directory.
 """
 
 from __future__ import annotations
