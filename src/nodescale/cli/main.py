@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from nodescale import __version__
-from nodescale.cli import config_cmd, list_cmd, train_cmd
+from nodescale.cli import config_cmd, jobs_cmd, launch_cmd, list_cmd, train_cmd
 from nodescale.errors import EXIT_USER_ERROR, UserError
 
 
@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train_cmd.add_parser(subparsers)
     config_cmd.add_parser(subparsers)
+    launch_cmd.add_parser(subparsers)
+    jobs_cmd.add_parsers(subparsers)
     list_cmd.add_parsers(subparsers)
     return parser
 

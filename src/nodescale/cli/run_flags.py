@@ -46,7 +46,8 @@ FLAGS = (
     Flag("--compile", "train.compile", switch=True),
     Flag("--channels-last", "train.channels_last", switch=True),
     Flag("--resume", "checkpoint.resume", switch=True),
-    Flag("--no-progress", "train.progress", switch=False, help="no progress bar: plain lines per log interval and per epoch"),
+    Flag("--no-progress", "train.progress", switch=False,
+         help="no progress bar: plain lines per log interval and per epoch"),
 )
 
 FLAG_NAMES = {flag.key: flag.name for flag in FLAGS}

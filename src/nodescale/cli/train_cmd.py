@@ -89,4 +89,4 @@ def _run_here(cfg: RunConfig) -> int:
         config_path = Path(handoff) / "config.yaml"
         write_text_atomic(config_path, dump_yaml(cfg))
         sys.stdout.flush()
-        return launch_local("nodescale.train.worker", [str(config_path)], nproc)
+        return launch_local([sys.executable, "-u", "-m", "nodescale.train.worker", str(config_path)], nproc)

@@ -33,8 +33,8 @@ def threads_per_process(nproc: int, cpus: int | None = None) -> int:
     return max(1, cpus // max(1, nproc))
 
 
-def launch_local(module: str, args: Sequence[str], nproc: int, max_restarts: int = 0) -> int:
-    """Run ``python -m module *args`` in ``nproc`` local processes; return the job's exit code.
+def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0) -> int:
+    """Run ``command`` in ``nproc`` local processes, torchrun-style; return the job's exit code.
 
     Exit code 2 when every failed worker exited 2 (they printed the user
     error themselves), 1 for any other failure, 0 on success.
@@ -59,7 +59,7 @@ def launch_local(module: str, args: Sequence[str], nproc: int, max_restarts: int
     with tempfile.TemporaryDirectory(prefix="nodescale-errors-") as error_dir:
         os.environ[ERROR_DIR_VARIABLE] = error_dir
         try:
-            elastic_launch(config, sys.executable)("-u", "-m", module, *args)
+            elastic_launch(config, command[0])(*command[1:])
         except ChildFailedError as exc:
             codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
             _print_user_errors(Path(error_dir))

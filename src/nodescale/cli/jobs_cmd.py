@@ -1,0 +1,63 @@
+"""``nodescale jobs``, ``nodescale cancel`` and ``nodescale clusters``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from nodescale.errors import UserError
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    jobs = subparsers.add_parser("jobs", help="the jobs nodescale submitted, with their scheduler state")
+    jobs.add_argument("--all", action="store_true", help="also jobs the scheduler no longer lists")
+    jobs.set_defaults(handler=list_jobs)
+    cancel = subparsers.add_parser("cancel", help="cancel a job nodescale submitted (scancel / qdel)")
+    cancel.add_argument("job_id", help="the id `nodescale launch` printed")
+    cancel.set_defaults(handler=cancel_job)
+    clusters = subparsers.add_parser("clusters", help="list the cluster presets")
+    clusters.set_defaults(handler=list_clusters)
+
+
+def list_jobs(args: argparse.Namespace) -> int:
+    from nodescale.launch.registry import submitted_jobs
+    from nodescale.launch.submit import job_states
+
+    jobs = submitted_jobs()
+    states: dict[str, str] = {}
+    for scheduler in {job.scheduler for job in jobs}:
+        states.update(job_states(scheduler, [job.job_id for job in jobs if job.scheduler == scheduler]))
+    shown = 0
+    for job in jobs:
+        state = states.get(job.job_id)
+        if state is None and not args.all:
+            continue
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(job.submitted_at))
+        print(f"{job.job_id:<12} {job.scheduler:<6} {state or 'not queued':<12} {when}  {job.name}  {job.log}")
+        shown += 1
+    if not shown:
+        print("no queued or running jobs from nodescale" + ("" if args.all else " (--all shows finished ones)"))
+    return 0
+
+
+def cancel_job(args: argparse.Namespace) -> int:
+    from nodescale.launch.registry import find
+    from nodescale.launch.submit import cancel_job as cancel
+
+    job = find(args.job_id)
+    if job is None:
+        raise UserError(f"job {args.job_id!r}", "was not submitted by nodescale on this account",
+                        "`nodescale jobs --all` lists the jobs it knows; use scancel/qdel for others")
+    cancel(job.scheduler, job.job_id)
+    print(f"cancelled {job.scheduler} job {job.job_id}")
+    return 0
+
+
+def list_clusters(args: argparse.Namespace) -> int:
+    from nodescale.launch.presets import list_presets, load_preset
+
+    for name in list_presets():
+        preset = load_preset(name)
+        print(f"{name:<14} {preset.scheduler:<6} {preset.gpus_per_node} GPUs x {preset.cpus_per_node} cores  "
+              f"{preset.description}")
+    return 0

@@ -1,0 +1,203 @@
+"""``nodescale launch``: render a job for local, Slurm or PBS, then run or submit it.
+
+``--dry-run`` prints exactly what would be submitted and stops before the one
+call that submits it (the same path otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from nodescale.errors import UserError
+
+DEFAULT_PRESET = {"slurm": "generic-slurm", "pbs": "generic-pbs"}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "launch",
+        help="run a command on this machine, or submit it to Slurm or PBS Pro on N nodes",
+        description="Write a correct job script for COMMAND (nodescale train ..., python my_script.py ..., "
+        "or any program) and run it locally or submit it. Everything after -- is the command.",
+    )
+    parser.add_argument("--scheduler", help="local, slurm or pbs (default: the cluster preset's, else local)")
+    parser.add_argument("--cluster", metavar="PRESET", help="cluster preset (see `nodescale clusters`)")
+    parser.add_argument("--nodes", default="1", help="number of nodes")
+    parser.add_argument("--gpus-per-node", help="GPUs per node to request (default: the preset's)")
+    parser.add_argument("--nproc-per-node", help="processes per node (default: GPUs per node, else 1)")
+    parser.add_argument("--mode", default="torchrun",
+                        help="torchrun (one launcher per node, default), per-gpu (one task per GPU with "
+                        "RANK/LOCAL_RANK/WORLD_SIZE exported), spawn (the command once; it starts its processes)")
+    parser.add_argument("--time", default="01:00:00", help="wall time HH:MM:SS")
+    parser.add_argument("--account", help="account / project to charge")
+    parser.add_argument("--queue", help="partition (Slurm) or queue (PBS)")
+    parser.add_argument("--job-name", default=None, help="job name (default: nodescale)")
+    parser.add_argument("--job-dir", default="nodescale-jobs", help="where scripts and logs are written")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="environment variable for the job (repeatable; checked for NCCL/FI typos)")
+    parser.add_argument("--dry-run", action="store_true", help="print the script and the submit command only")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...")
+    parser.set_defaults(handler=run)
+
+
+def _count(flag: str, text: str | None, minimum: int = 1) -> int | None:
+    if text is None:
+        return None
+    if not text.strip().isdigit() or int(text) < minimum:
+        raise UserError(f"{flag} {text}", f"must be a whole number, at least {minimum}", f"e.g. {flag} 2")
+    return int(text)
+
+
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise UserError(f"--env {item!r}", "must look like KEY=VALUE with a shell variable name as KEY",
+                            "e.g. --env NCCL_DEBUG=INFO")
+        pairs[key] = value
+    return pairs
+
+
+def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The validated ``JobSpec`` and ``Preset`` (``None`` for local runs) from the flags."""
+    from pydantic import ValidationError
+
+    from nodescale.launch.spec import JobSpec
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise UserError("launch without a command", "needs the program to run after --",
+                        "e.g. nodescale launch --nodes 2 -- nodescale train")
+    scheduler = args.scheduler
+    if scheduler is not None and scheduler not in ("local", "slurm", "pbs"):
+        from nodescale.errors import unknown_choice
+
+        raise unknown_choice("scheduler", scheduler, ("local", "slurm", "pbs"))
+    preset = None
+    if args.cluster or scheduler in ("slurm", "pbs"):
+        from nodescale.launch.presets import load_preset
+
+        preset = load_preset(args.cluster or DEFAULT_PRESET[str(scheduler)])
+        scheduler = scheduler or preset.scheduler
+    scheduler = scheduler or "local"
+    gpus = _count("--gpus-per-node", args.gpus_per_node, minimum=0)
+    if gpus is None:
+        gpus = preset.gpus_per_node if preset is not None else _local_gpus()
+    nproc = _count("--nproc-per-node", args.nproc_per_node) or max(gpus, 1)
+    workdir = Path.cwd()
+    try:
+        spec = JobSpec(
+            scheduler=scheduler,
+            preset=preset.name if preset is not None else "local",
+            nodes=_count("--nodes", args.nodes),
+            gpus_per_node=gpus,
+            nproc_per_node=nproc,
+            mode=args.mode,
+            time=args.time,
+            account=args.account,
+            queue=args.queue,
+            job_name=args.job_name or "nodescale",
+            env=_env_pairs(args.env),
+            command=command,
+            workdir=workdir,
+            job_dir=(workdir / args.job_dir).resolve(),
+        )
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "job"
+        raise UserError(f"--{field.replace('_', '-')} {error.get('input')!r}", error["msg"].removeprefix(
+            "Value error, "), "see `nodescale launch --help`") from None
+    if preset is not None:
+        from nodescale.launch.checks import check_job
+
+        check_job(spec, preset)
+    elif spec.nodes > 1:
+        raise UserError(f"--nodes {spec.nodes} with --scheduler local", "a local run has one node",
+                        "use --scheduler slurm or pbs (and --cluster) for several nodes")
+    return spec, preset
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    spec, preset = build_spec(args)
+    if spec.scheduler == "local":
+        return _run_local(spec, args.dry_run)
+    from nodescale.launch.render_pbs import render_pbs
+    from nodescale.launch.render_slurm import render_slurm
+    from nodescale.launch.submit import SUBMIT
+
+    script = (render_slurm if spec.scheduler == "slurm" else render_pbs)(spec, preset)
+    script_path = spec.job_dir / f"{spec.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sh"
+    submit_line = " ".join([*SUBMIT[spec.scheduler], str(script_path)])
+    if args.dry_run:
+        print(f"# {submit_line}")
+        print(script, end="")
+        return 0
+    return _submit(spec, script, script_path)
+
+
+def _submit(spec: Any, script: str, script_path: Path) -> int:
+    from nodescale.atomic_files import write_text_atomic
+    from nodescale.launch.registry import JobRecord, record
+    from nodescale.launch.submit import submit_script
+
+    spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+    write_text_atomic(script_path, script)
+    script_path.chmod(0o750)
+    job_id = submit_script(spec.scheduler, str(script_path))
+    log = log_path(script, job_id, spec.job_name)
+    record(JobRecord(job_id, spec.scheduler, spec.job_name, str(script_path), log, str(spec.workdir), time.time()))
+    print(f"submitted {spec.scheduler} job {job_id}")
+    print(f"  script: {script_path}")
+    print(f"  log:    {log}")
+    return 0
+
+
+def log_path(script: str, job_id: str, job_name: str) -> str:
+    """Where the scheduler writes the job's output, read from the script's own directives."""
+    slurm = re.search(r"^#SBATCH --output=(\S+)", script, re.M)
+    if slurm:
+        return slurm.group(1).replace("%j", job_id).replace("%x", job_name)
+    pbs = re.search(r"^#PBS -o (\S+)", script, re.M)
+    if pbs:
+        target = pbs.group(1)
+        return f"{target}{job_name}.o{job_id.split('.')[0]}" if target.endswith("/") else target
+    return "(scheduler default)"
+
+
+def _run_local(spec: Any, dry_run: bool) -> int:
+    import shlex
+
+    env_line = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
+    if spec.mode == "spawn" or spec.nproc_per_node == 1:
+        shown = shlex.join(spec.command)
+    else:
+        shown = f"torchrun --standalone --nproc-per-node={spec.nproc_per_node} --no-python {shlex.join(spec.command)}"
+    if dry_run:
+        print(f"{env_line} {shown}".strip())
+        return 0
+    os.environ.update(spec.env)
+    sys.stdout.flush()
+    if spec.mode == "spawn" or spec.nproc_per_node == 1:
+        import subprocess
+
+        try:
+            return subprocess.call(spec.command)
+        except FileNotFoundError:
+            raise UserError(f"command {spec.command[0]!r}", "is not a program on PATH",
+                            "check the spelling, or give its path") from None
+    from nodescale.dist.local_launch import launch_local
+
+    return launch_local(spec.command, spec.nproc_per_node)

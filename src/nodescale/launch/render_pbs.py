@@ -1,0 +1,155 @@
+"""Render a complete PBS Pro script for a job on a PBS cluster (NCAR Derecho and the like).
+
+:func:`render_pbs` is a pure function of the :class:`JobSpec` and the :class:`Preset`: the
+same inputs give the same text, byte for byte. The head node, its address and the port are
+looked up by the script when it runs, from ``$PBS_NODEFILE`` and ``$PBS_JOBID``.
+
+Processes are started with the preset's ``mpiexec``: Cray PALS (``--ppn``, ``--cpu-bind``),
+MPICH's Hydra (``-ppn``, ``-bind-to``; it refuses ``--cpu-bind``) or Open MPI
+(``--map-by ppr:N:node``, ``--bind-to``, and ``-x`` for the variables its remote daemons must
+pass on).
+"""
+
+from __future__ import annotations
+
+import re
+
+from nodescale.errors import UserError
+from nodescale.launch import shell
+from nodescale.launch.spec import JobSpec, Preset
+
+# PBS Pro refuses longer job names.
+MAX_JOB_NAME = 236
+
+# qsub splits directive lines on whitespace and has quoting rules of its own; values are
+# kept to characters that need none.
+_PLAIN = re.compile(r"^[^\s'\"\\#]+$")
+
+_PLACE = re.compile(r"^\s*-l\s*place=")
+
+_HEAD = [
+    'head_node=$(head -n 1 "$PBS_NODEFILE")',
+    "head_addr=$head_node",
+]
+
+_WHY_HEAD = [
+    "# PBS lists the job's hosts in $PBS_NODEFILE, the first node first. Its name is resolved",
+    "# to IPv4 here, on a compute node: names need not resolve the same way on the login node.",
+]
+
+# Rank variables of the supported mpiexec flavours, first match wins: PALS, MPICH, Open MPI.
+_RANK = "${PALS_RANKID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}"
+_LOCAL_RANK = (
+    "${PALS_LOCAL_RANKID:-${MPI_LOCALRANKID:-${OMPI_COMM_WORLD_LOCAL_RANK:?mpiexec set no local rank variable}}}"
+)
+# With one process per node the MPI rank is the node's index.
+_NODE_RANK = "${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}}"
+
+
+def render_pbs(spec: JobSpec, preset: Preset) -> str:
+    """The qsub script that runs ``spec`` on the cluster ``preset`` describes.
+
+    Raises ValueError for a spec the caller should have refused (a Slurm preset, spawn mode on
+    several nodes, relative paths) and :class:`UserError` for text that cannot go into the
+    script safely (whitespace or quotes in a directive value, an invalid variable name).
+    """
+    shell.check_job(spec, preset)
+    env = shell.merged_env(preset.env, spec.env)
+    cd_comment = [
+        "# PBS starts the job in the home directory, not where qsub ran: go to the job's directory",
+        "# (an absolute path, so nothing depends on $PBS_O_WORKDIR).",
+    ]
+    blocks = [
+        ["#!/bin/bash", *shell.header_lines(spec, preset), *(f"#PBS {d}" for d in directives(spec, preset))],
+        shell.prologue_lines(spec, preset, cd_comment),
+        shell.rendezvous_block(_HEAD, "PBS_JOBID", env, _WHY_HEAD),
+        launch_lines(spec, preset, list(env)),
+    ]
+    return "\n".join(shell.paragraphs(blocks)) + "\n"
+
+
+def directives(spec: JobSpec, preset: Preset) -> list[str]:
+    """The ``#PBS`` options, without the prefix: name, resources, account, queue, log, the preset's."""
+    options = [
+        f"-N {shell.safe_job_name(spec.job_name, limit=MAX_JOB_NAME)}",
+        f"-l select={select(spec, preset)}",
+    ]
+    if not any(_PLACE.match(line) for line in preset.directives):
+        # One chunk per host: otherwise PBS may pack two chunks onto one node, and the launch
+        # (one torchrun or one block of ranks per node) would put two nodes' work on it.
+        options.append("-l place=scatter")
+    options.append(f"-l walltime={walltime(spec.time)}")
+    if spec.account:
+        options.append(f"-A {word(spec.account, 'account')}")
+    queue = spec.queue or preset.queue
+    if queue:
+        options.append(f"-q {word(queue, 'queue')}")
+    options += ["-j oe", f"-o {word(str(spec.job_dir).rstrip('/') + '/', 'job directory')}"]
+    options += [shell.check_line(line, "preset directive") for line in preset.directives]
+    return options
+
+
+def select(spec: JobSpec, preset: Preset) -> str:
+    """The ``select`` chunk: whole nodes, their GPUs when PBS counts them, tasks per node."""
+    chunk = f"{spec.nodes}:ncpus={preset.cpus_per_node}"
+    if preset.gpu_request == "pbs-ngpus" and spec.gpus_per_node > 0:
+        chunk += f":ngpus={spec.gpus_per_node}"
+    return f"{chunk}:mpiprocs={shell.tasks_per_node(spec)}"
+
+
+def walltime(time: str) -> str:
+    """``D-HH:MM:SS`` as PBS's ``HH:MM:SS`` (hours past 24 allowed); ``HH:MM:SS`` unchanged."""
+    days, _, clock = time.rpartition("-")
+    if not days:
+        return clock
+    hours, rest = clock.split(":", 1)
+    return f"{int(days) * 24 + int(hours):02d}:{rest}"
+
+
+def word(value: str, what: str) -> str:
+    """``value`` unchanged if a ``#PBS`` line can hold it as one word; else :class:`UserError`."""
+    shell.check_line(value, what)
+    if not _PLAIN.match(value):
+        raise UserError(
+            f"{what} {value!r}",
+            "cannot be written in a #PBS directive: no whitespace, quotes, backslashes or '#'",
+        )
+    return value
+
+
+def mpiexec_words(spec: JobSpec, preset: Preset, total: int, per_node: int, env_names: list[str]) -> list[str]:
+    """``mpiexec`` starting ``total`` processes, ``per_node`` on each node, in the preset's flavour."""
+    bind = shell.cpu_bind_for(spec, preset) or "none"
+    if preset.mpiexec == "pals":
+        return ["mpiexec", "-n", str(total), "--ppn", str(per_node), "--cpu-bind", bind]
+    if preset.mpiexec == "mpich":
+        return ["mpiexec", "-n", str(total), "-ppn", str(per_node), "-bind-to", bind]
+    words = ["mpiexec", "-n", str(total), "--map-by", f"ppr:{per_node}:node", "--bind-to", bind]
+    for name in dict.fromkeys(["PATH", "MASTER_ADDR", "MASTER_PORT", *env_names]):
+        words += ["-x", name]
+    return words
+
+
+def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[str]:
+    """The comment and the ``mpiexec`` line that start the job's processes, by mode."""
+    nodes, nproc = spec.nodes, spec.nproc_per_node
+    why = ["# CPU binding is off unless the preset sets one: a launcher bound to one core would share",
+           "# it with every process it starts."]
+    if preset.mpiexec == "openmpi":
+        why.append("# -x: Open MPI's daemons on other nodes pass on only the variables named so.")
+    if spec.mode == "spawn":
+        launcher = mpiexec_words(spec, preset, 1, 1, env_names)
+        comment = ["# Spawn mode: the command runs once, on one node, and starts its own processes.", *why]
+        return [*comment, *shell.launch_command(launcher, preset.container, None, "", spec.command)]
+    if spec.mode == "torchrun":
+        launcher = mpiexec_words(spec, preset, nodes, 1, env_names)
+        script = shell.torchrun_script(nodes, nproc, _NODE_RANK, "$PBS_JOBID")
+        comment = [f"# torchrun mode: one torchrun per node, each starting {nproc} processes."]
+        name = "nodescale-node"
+    else:
+        launcher = mpiexec_words(spec, preset, nodes * nproc, nproc, env_names)
+        script = shell.per_task_script(_RANK, _LOCAL_RANK, str(nodes * nproc), nproc)
+        comment = ["# per-gpu mode: one MPI rank per process, given torchrun's variables from the MPI ones."]
+        name = "nodescale-task"
+    comment += [*why, shell.ARGS_COMMENT]
+    return [*comment, *shell.launch_command(launcher, preset.container, script, name, spec.command)]

@@ -1,0 +1,140 @@
+"""Render a complete sbatch script for a job on a Slurm cluster.
+
+:func:`render_slurm` is a pure function of the :class:`JobSpec` and the :class:`Preset`:
+the same inputs give the same text, byte for byte (the golden tests rely on it). Everything
+that depends on the allocation (which nodes, their addresses, the job id and so the port) is
+looked up by the script when it runs, never at render time.
+"""
+
+from __future__ import annotations
+
+import re
+
+from nodescale.errors import UserError
+from nodescale.launch import shell
+from nodescale.launch.spec import JobSpec, Preset
+
+# The job's logs, inside spec.job_dir; %j is Slurm's job id.
+STDOUT_NAME = "slurm-%j.out"
+STDERR_NAME = "slurm-%j.err"
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:%=,@+-]+$")
+
+_HEAD = [
+    'job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+    "head_node=${job_nodes%%$'\\n'*}",
+    'head_info=$(scontrol show node "$head_node" 2>/dev/null) || head_info=""',
+    "if [[ $head_info =~ NodeAddr=([^[:space:]]+) ]]; then head_addr=${BASH_REMATCH[1]}; "
+    "else head_addr=$head_node; fi",
+]
+
+_WHY_HEAD = [
+    "# Its address is Slurm's NodeAddr for it (scontrol): node names need not resolve on the",
+    "# compute nodes, or may resolve to another network; a name is then resolved to IPv4 here.",
+]
+
+
+def render_slurm(spec: JobSpec, preset: Preset) -> str:
+    """The sbatch script that runs ``spec`` on the cluster ``preset`` describes.
+
+    Raises ValueError for a spec the caller should have refused (a PBS preset, spawn mode on
+    several nodes, relative paths) and :class:`UserError` for text that cannot go into the
+    script safely (a newline in a directive value, an invalid variable name).
+    """
+    shell.check_job(spec, preset)
+    env = shell.merged_env(preset.env, spec.env)
+    blocks = [
+        ["#!/bin/bash", *shell.header_lines(spec, preset), *(f"#SBATCH {d}" for d in directives(spec, preset))],
+        shell.prologue_lines(
+            spec, preset, ["# Run in the job's directory, whatever directory sbatch was called from."]
+        ),
+        shell.rendezvous_block(_HEAD, "SLURM_JOB_ID", env, _WHY_HEAD),
+        launch_lines(spec, preset),
+    ]
+    return "\n".join(shell.paragraphs(blocks)) + "\n"
+
+
+def directives(spec: JobSpec, preset: Preset) -> list[str]:
+    """The ``#SBATCH`` options, without the prefix: resources, account, logs, then the preset's."""
+    tasks = shell.tasks_per_node(spec)
+    options = [
+        f"--job-name={shell.safe_job_name(spec.job_name)}",
+        f"--nodes={spec.nodes}",
+        f"--ntasks-per-node={tasks}",
+        f"--cpus-per-task={shell.cpus_per_task(spec, preset)}",
+    ]
+    options += gpu_options(spec, preset)
+    options.append(f"--time={spec.time}")
+    if spec.account:
+        options.append(f"--account={word(spec.account, 'account')}")
+    queue = spec.queue or preset.queue
+    if queue:
+        options.append(f"--partition={word(queue, 'partition')}")
+    options += [f"--output={log_path(spec, STDOUT_NAME)}", f"--error={log_path(spec, STDERR_NAME)}"]
+    options += [shell.check_line(line, "preset directive") for line in preset.directives]
+    return options
+
+
+def gpu_options(spec: JobSpec, preset: Preset) -> list[str]:
+    """The GPU request in the form the cluster takes, or nothing for a CPU job."""
+    count = spec.gpus_per_node
+    if count == 0 or preset.gpu_request in ("none", "pbs-ngpus"):
+        return []
+    if preset.gpu_request == "gres":
+        kind = f"gpu:{preset.gpu_type}:{count}" if preset.gpu_type else f"gpu:{count}"
+        return [f"--gres={word(kind, 'GPU type')}"]
+    return [f"--gpus-per-node={count}"]
+
+
+def log_path(spec: JobSpec, name: str) -> str:
+    """A log file in the job directory, as a directive value.
+
+    ``%`` in the directory is doubled because Slurm expands ``%j``-style patterns in it, and a
+    backslash is refused because Slurm then stops expanding ``%j`` in the whole name.
+    """
+    directory = str(spec.job_dir).rstrip("/") or "/"
+    if "\\" in directory:
+        raise UserError(f"job directory {directory!r}", "must not contain a backslash (Slurm log names)")
+    return word(f"{directory.replace('%', '%%')}/{name}", "job directory")
+
+
+def word(value: str, what: str) -> str:
+    """``value`` as one argument of an ``#SBATCH`` line.
+
+    sbatch splits directive lines itself: quotes group words, a backslash escapes the next
+    character, and an unquoted ``#`` starts a comment. Plain values are left as they are.
+    """
+    shell.check_line(value, what)
+    if _PLAIN.match(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
+    """The comment and the ``srun`` line that start the job's processes, by mode."""
+    options = [f"--cpus-per-task={shell.cpus_per_task(spec, preset)}"]
+    bind = shell.cpu_bind_for(spec, preset)
+    if bind:
+        options.append(f"--cpu-bind={bind}")
+    why = [
+        "# --cpus-per-task is repeated on srun: Slurm 22.05 to 23.02 do not pass the job's value on",
+        "# to steps, and every task would get one core.",
+    ]
+    if spec.mode == "spawn":
+        launcher = ["srun", "--nodes=1", "--ntasks=1", *options]
+        comment = ["# Spawn mode: the command runs once, on one node, and starts its own processes.", *why]
+        return [*comment, *shell.launch_command(launcher, preset.container, None, "", spec.command)]
+    options.append("--kill-on-bad-exit=1")
+    why.append("# --kill-on-bad-exit: one failed task ends the step instead of leaving the others waiting.")
+    if spec.mode == "torchrun":
+        launcher = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", *options]
+        script = shell.torchrun_script(spec.nodes, spec.nproc_per_node, "$SLURM_NODEID", "$SLURM_JOB_ID")
+        comment = [f"# torchrun mode: one torchrun per node, each starting {spec.nproc_per_node} processes."]
+        name = "nodescale-node"
+    else:
+        launcher = ["srun", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.nproc_per_node}", *options]
+        script = shell.per_task_script("$SLURM_PROCID", "$SLURM_LOCALID", "$SLURM_NTASKS", spec.nproc_per_node)
+        comment = ["# per-gpu mode: one Slurm task per process, given torchrun's variables from Slurm's."]
+        name = "nodescale-task"
+    comment += [*why, shell.ARGS_COMMENT]
+    return [*comment, *shell.launch_command(launcher, preset.container, script, name, spec.command)]

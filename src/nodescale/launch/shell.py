@@ -1,0 +1,377 @@
+"""Small pure helpers that both job-script renderers share: quoting, checks and shell blocks.
+
+Everything a user typed (job name, paths, account, queue, ``--env`` values, command words)
+reaches a script only through :func:`quote` / :func:`join`, or, for scheduler directives,
+through a check that it can be written there at all: ``#SBATCH`` and ``#PBS`` lines are read
+by the scheduler with its own rules, not the shell's, and a newline in one would end the
+directive and turn the rest of the value into shell code.
+
+The user's command is never re-quoted into an inner script: launch lines run
+``bash -c '<script>' NAME COMMAND...`` and the script ends in ``exec ... "$@"``, so the
+command's words arrive in the program's argv exactly as given.
+
+Lines a preset author wrote (``setup``, container ``setup``, ``directives``) are trusted shell
+and are written verbatim.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+from nodescale.dist.env import DEFAULT_PORT, JOB_PORT_BASE, JOB_PORT_SPAN
+from nodescale.errors import UserError
+from nodescale.launch.spec import Container, JobSpec, Preset
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_JOB_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]")
+
+# Left in the job by the submitting shell (sbatch copies its environment by default), these
+# would tell every process it is rank N of M of some earlier run; torchrun and the per-task
+# block set them afresh, and MASTER_ADDR/MASTER_PORT are derived below.
+LAUNCHER_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+INDENT = "    "
+
+ARGS_COMMENT = '# The command reaches the script below as its arguments ("$@"), never re-quoted.'
+
+# CPU bindings that list one entry per task (Slurm map_/mask_ lists, PALS list:/mask:). In
+# the modes with one task per node that task hosts every process of the node and would be
+# confined to the first entry's cores, so these apply to per-gpu mode only.
+_PER_TASK_BINDINGS = ("map_", "mask_", "list:", "mask:")
+
+
+def quote(value: str) -> str:
+    """``value`` as one shell word that the shell takes literally."""
+    return shlex.quote(value)
+
+
+def join(words: Iterable[str]) -> str:
+    """``words`` as shell words, each taken literally."""
+    return shlex.join(list(words))
+
+
+def check_line(text: str, what: str) -> str:
+    """``text`` unchanged, or :class:`UserError` if it holds a newline or another control character.
+
+    For text that must stay on one line of the script: directives and comments.
+    """
+    if _CONTROL.search(text):
+        raise UserError(f"{what} {text!r}", "must not contain newlines or other control characters")
+    return text
+
+
+def check_env_name(name: str) -> str:
+    """``name`` unchanged, or :class:`UserError` if it is not a shell variable name."""
+    if not _ENV_NAME.match(name):
+        raise UserError(
+            f"environment variable name {name!r}",
+            "must be letters, digits and underscores, not starting with a digit",
+        )
+    return name
+
+
+def check_absolute(path: object, what: str) -> str:
+    """``path`` as text, or ValueError if relative: the job runs elsewhere, from another directory."""
+    text = str(path)
+    if not text.startswith("/"):
+        raise ValueError(f"{what} must be an absolute path, got {text!r}")
+    return text
+
+
+def safe_job_name(name: str, *, limit: int | None = None) -> str:
+    """``name`` with every character but letters, digits and ``_.+-`` replaced by ``_``.
+
+    Job names end up in directives, ``squeue``/``qstat`` columns and log file names; PBS
+    refuses whitespace in them. Replacing is friendlier than refusing: the name is a label.
+    """
+    safe = _JOB_NAME_UNSAFE.sub("_", name) or "nodescale"
+    return safe[:limit] if limit else safe
+
+
+def merged_env(preset_env: Mapping[str, str], user_env: Mapping[str, str]) -> dict[str, str]:
+    """The job's environment: the preset's, then the user's, which wins on a shared name."""
+    for name in (*preset_env, *user_env):
+        check_env_name(name)
+    return {**preset_env, **user_env}
+
+
+def export_lines(env: Mapping[str, str]) -> list[str]:
+    """One ``export NAME=VALUE`` line per variable, the value quoted."""
+    return [f"export {check_env_name(name)}={quote(value)}" for name, value in env.items()]
+
+
+def env_block(preset_env: Mapping[str, str], user_env: Mapping[str, str]) -> list[str]:
+    """The export lines of the preset's and the user's variables, each group under a comment.
+
+    A preset variable the user overrides is left out rather than exported twice.
+    """
+    merged_env(preset_env, user_env)  # checks every name
+    lines: list[str] = []
+    preset_only = {name: value for name, value in preset_env.items() if name not in user_env}
+    if preset_only:
+        lines += ["# Environment of the cluster preset.", *export_lines(preset_only)]
+    if user_env:
+        lines += ["# Environment from --env (wins over the preset's).", *export_lines(user_env)]
+    return lines
+
+
+def unset_block() -> list[str]:
+    """Lines that clear launcher variables a submitting shell may have left in the job."""
+    return [
+        "# The submitting shell's environment can reach the job (sbatch copies it, qsub -V too);",
+        "# launcher variables left from an earlier run would give every process a wrong rank.",
+        "unset " + " ".join(LAUNCHER_VARIABLES),
+    ]
+
+
+def setup_block(modules: Sequence[str], setup: Sequence[str]) -> list[str]:
+    """``module load`` lines, then the preset's setup lines verbatim, with ``set -u`` off.
+
+    Module and conda activation scripts read variables that may be unset; ``-u`` would abort
+    them half way.
+    """
+    if not modules and not setup:
+        return []
+    lines = ["# Software environment of the cluster preset. Module and activation scripts read unset",
+             "# variables, so -u is off while they run.", "set +u"]
+    lines += [f"module load {quote(module)}" for module in modules]
+    lines += list(setup)
+    lines.append("set -u")
+    return lines
+
+
+def ipv4_function() -> list[str]:
+    """A shell function that prints the first IPv4 address of a host name, or the name itself.
+
+    IPv4 because NCCL and gloo socket setups on clusters are configured for it; the name as a
+    fallback because an address literal or a name only the nodes resolve is still usable.
+    """
+    return [
+        "nodescale_ipv4() {",
+        f"{INDENT}local found",
+        f'{INDENT}found=$(getent ahostsv4 "$1" 2>/dev/null) || found=""',
+        f"{INDENT}found=${{found%%[[:space:]]*}}",
+        f'{INDENT}echo "${{found:-$1}}"',
+        "}",
+    ]
+
+
+def port_function() -> list[str]:
+    """A shell function that prints the rendezvous port of a job id, as ``port_for_job`` does.
+
+    ``15000 + (leading number [+ array index] % 15000)``: every node computes the same port
+    from the same id, and two jobs sharing a node get different ports instead of both taking
+    29500. Ids without a leading number (never seen from Slurm or PBS) use Python's CRC32,
+    like :func:`nodescale.dist.env.port_for_job`. ``10#`` stops bash reading ``0123`` as octal.
+    """
+    base, span = JOB_PORT_BASE, JOB_PORT_SPAN
+    crc = f"import sys, zlib; print({base} + zlib.crc32(sys.argv[1].strip().encode()) % {span})"
+    return [
+        "nodescale_port() {",
+        f'{INDENT}if [[ -z "${{1//[[:space:]]/}}" ]]; then',
+        f"{INDENT * 2}echo {DEFAULT_PORT}",
+        rf"{INDENT}elif [[ $1 =~ ^[[:space:]]*([0-9]+)(\[([0-9]*)\])? ]]; then",
+        f"{INDENT * 2}echo $(( {base} + (10#${{BASH_REMATCH[1]}} + 10#${{BASH_REMATCH[3]:-0}}) % {span} ))",
+        f"{INDENT}else",
+        f'{INDENT * 2}python3 -c {quote(crc)} "$1"',
+        f"{INDENT}fi",
+        "}",
+    ]
+
+
+def rendezvous_block(
+    head_lines: Sequence[str], job_id_var: str, given: Collection[str], why_head: Sequence[str]
+) -> list[str]:
+    """Lines that set and export MASTER_ADDR and MASTER_PORT at run time, and log them.
+
+    ``head_lines`` must set ``head_node`` (a name) and ``head_addr`` (its address or name);
+    ``job_id_var`` names the scheduler's job id variable; ``why_head`` comments on where the
+    head comes from. A variable in ``given`` (set with ``--env`` or by the preset) is kept.
+    """
+    lines = [
+        "# Rendezvous. The first node of the allocation hosts the c10d store that torchrun's",
+        "# agents (or the processes themselves) meet at. Which node that is, is known only once",
+        "# the job runs, so it is looked up here, never written in.",
+        *why_head,
+        "# The port derives from the job id (nodescale.dist.env.port_for_job): the same on every",
+        "# node, and different for two jobs that share a node, unlike a fixed 29500.",
+        *ipv4_function(),
+        *port_function(),
+    ]
+    if "MASTER_ADDR" in given:
+        lines.append("# MASTER_ADDR is set explicitly above; kept.")
+    else:
+        lines += [*head_lines, 'MASTER_ADDR=$(nodescale_ipv4 "$head_addr")']
+    if "MASTER_PORT" in given:
+        lines.append("# MASTER_PORT is set explicitly above; kept.")
+    else:
+        lines.append(f'MASTER_PORT=$(nodescale_port "${job_id_var}")')
+    lines += [
+        "export MASTER_ADDR MASTER_PORT",
+        'echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"',
+    ]
+    return lines
+
+
+def local_addr_line() -> str:
+    """Shell that sets ``local_addr`` to this node's address on the route to MASTER_ADDR.
+
+    A UDP ``connect`` sends nothing; it only makes the kernel pick the source address the other
+    nodes will see. torchrun's own guess comes from the host name, which often resolves to a
+    loopback address, and then workers on other nodes cannot reach this one.
+    """
+    probe = (
+        "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+        "s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])"
+    )
+    return f'local_addr=$(python3 -c "{probe}" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)'
+
+
+def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: str) -> list[str]:
+    """The per-node script that starts torchrun, as lines without single quotes.
+
+    ``node_rank`` and ``rdzv_id`` are shell expressions evaluated on each node (for example
+    ``$SLURM_NODEID``). The store's node is told so with ``is_host=1`` and every other node
+    with ``is_host=0``: left to guess, nodes that share addresses (or none) time out.
+    """
+    return [
+        "# Runs once on every node: its node rank and address are known only there.",
+        f"node_rank={node_rank}",
+        "# The first node hosts the rendezvous store (is_host=1); the others only connect to it.",
+        'if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi',
+        "# This node as the others reach it: the source address of its route to MASTER_ADDR.",
+        "# Left to itself torchrun guesses from the host name, which often means loopback.",
+        local_addr_line(),
+        f'exec torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} --node-rank="$node_rank" \\',
+        f'{INDENT}--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="{rdzv_id}" \\',
+        f'{INDENT}--rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"',
+    ]
+
+
+def per_task_script(rank: str, local_rank: str, world_size: str, local_world_size: int) -> list[str]:
+    """The per-task script of per-gpu mode: torchrun's variables from the scheduler's, then the command.
+
+    The arguments are shell expressions evaluated in each task.
+    """
+    return [
+        f"export RANK={rank}",
+        f"export LOCAL_RANK={local_rank}",
+        f"export WORLD_SIZE={world_size} LOCAL_WORLD_SIZE={local_world_size}",
+        'exec "$@"',
+    ]
+
+
+def container_words(container: Container | None) -> list[str]:
+    """``singularity exec [--bind a,b] IMAGE`` for the preset's container; nothing without one."""
+    if container is None:
+        return []
+    words = [container.runtime, "exec"]
+    if container.binds:
+        words += ["--bind", ",".join(container.binds)]
+    return [*words, container.image]
+
+
+def launch_command(
+    launcher: Sequence[str],
+    container: Container | None,
+    script: Sequence[str] | None,
+    name: str,
+    command: Sequence[str],
+) -> list[str]:
+    """The launch line, one line per part, joined with backslash continuations.
+
+    ``launcher`` (srun/mpiexec and flags) starts ``script`` (run by ``bash -c`` as ``name``,
+    with the user's ``command`` as ``"$@"``) inside the preset's container, if any. The
+    container's setup lines run first, under ``set -e``. With no script and no container
+    setup, the command is started directly.
+    """
+    setup = list(container.setup) if container else []
+    if setup:
+        script = ["set -e", *setup, *(script or ['exec "$@"'])]
+    parts = [join(launcher)]
+    if container is not None:
+        parts.append(join(container_words(container)))
+    if script is None:
+        parts.append(join(command))
+    else:
+        body = "\n".join(f"{INDENT * 2}{line}" for line in script)
+        parts += [f"bash -c {quote(chr(10) + body + chr(10) + INDENT)}", join([name, *command])]
+    return (" \\\n" + INDENT).join(parts).split("\n")
+
+
+def tasks_per_node(spec: JobSpec) -> int:
+    """Scheduler tasks per node: one launcher per node (torchrun, spawn) or one per process."""
+    return spec.nproc_per_node if spec.mode == "per-gpu" else 1
+
+
+def cpus_per_task(spec: JobSpec, preset: Preset) -> int:
+    """The node's cores shared out between its tasks (at least one each)."""
+    return max(1, preset.cpus_per_node // tasks_per_node(spec))
+
+
+def cpu_bind_for(spec: JobSpec, preset: Preset) -> str | None:
+    """The preset's CPU binding for this job's launch, or None where it does not apply."""
+    bind = preset.cpu_bind
+    if bind and spec.mode != "per-gpu" and bind.startswith(_PER_TASK_BINDINGS):
+        return None
+    return bind
+
+
+def check_job(spec: JobSpec, preset: Preset) -> None:
+    """ValueError for what the caller should have refused before asking for a script, and
+    :class:`UserError` for a command that starts with an option."""
+    if spec.scheduler != preset.scheduler:
+        raise ValueError(f"a {spec.scheduler} job cannot use the {preset.scheduler} preset {preset.name!r}")
+    if spec.mode == "spawn" and spec.nodes > 1:
+        raise ValueError(f"spawn mode starts its processes on one node; {spec.nodes} nodes were asked for")
+    if spec.command[0].startswith("-"):
+        # srun/mpiexec would read it as one of their own options.
+        raise UserError(f"command {spec.command[0]!r}", "must start with a program, not an option")
+    check_absolute(spec.workdir, "workdir")
+    check_absolute(spec.job_dir, "job_dir")
+
+
+def header_lines(spec: JobSpec, preset: Preset) -> list[str]:
+    """The comment under the shebang: what the script runs, and why the directives come first."""
+    name = check_line(preset.name, "preset name")
+    return [
+        f"# Job script written by `nodescale launch` for preset {name}: {spec.nodes} node(s) x "
+        f"{spec.nproc_per_node} process(es), mode {spec.mode}.",
+        "# Directives come first: the scheduler reads them only up to the first command.",
+    ]
+
+
+def prologue_lines(spec: JobSpec, preset: Preset, cd_comment: Sequence[str]) -> list[str]:
+    """Strict mode, ``cd``, stale launcher variables cleared, modules/setup, exports."""
+    blocks = [
+        ["set -euo pipefail"],
+        [*cd_comment, f"cd {quote(str(spec.workdir))}"],
+        unset_block(),
+        setup_block(preset.modules, preset.setup),
+        env_block(preset.env, spec.env),
+    ]
+    return paragraphs(blocks)
+
+
+def paragraphs(blocks: Iterable[Sequence[str]]) -> list[str]:
+    """The non-empty ``blocks`` one after another, a blank line between two."""
+    lines: list[str] = []
+    for block in blocks:
+        if block:
+            lines += [*([""] if lines else []), *block]
+    return lines

@@ -1,0 +1,88 @@
+"""What a job is: the typed objects every renderer and submitter works from.
+
+``JobSpec`` says what the user asked for (nodes, processes, time, command);
+``Preset`` says what a cluster is like (scheduler, GPUs per node, modules,
+environment). Renderers are pure functions of the two. Nothing here imports
+torch or touches the file system.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Scheduler = Literal["local", "slurm", "pbs"]
+Mode = Literal["torchrun", "per-gpu", "spawn"]
+
+_TIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Container(Strict):
+    """A container the job runs in (LUMI's Singularity images, say)."""
+
+    runtime: Literal["singularity", "apptainer"] = Field(
+        "singularity", description="container runtime command")
+    image: str = Field(description="path of the .sif image on the cluster")
+    binds: list[str] = Field(default_factory=list, description="bind mounts, SRC[:DST]")
+    setup: list[str] = Field(default_factory=list, description="shell lines run inside the container first")
+
+
+class Preset(Strict):
+    """One cluster: how its jobs are asked for and what their nodes hold."""
+
+    name: str
+    description: str = ""
+    scheduler: Literal["slurm", "pbs"]
+    gpus_per_node: int = Field(ge=0, description="accelerators per node (GPUs, or GCDs on LUMI)")
+    cpus_per_node: int = Field(ge=1, description="CPU cores per node available to jobs")
+    gpu_request: Literal["gres", "gpus-per-node", "pbs-ngpus", "none"] = Field(
+        "gpus-per-node", description="how GPUs are requested: --gres=gpu:TYPE:N, --gpus-per-node=N, ngpus=N")
+    gpu_type: str | None = Field(None, description="GPU type for --gres=gpu:TYPE:N (e.g. v100)")
+    queue: str | None = Field(None, description="default partition (Slurm) or queue (PBS)")
+    account_required: bool = Field(False, description="the cluster rejects jobs without an account")
+    max_time: str | None = Field(None, description="longest wall time the default queue allows, HH:MM:SS")
+    directives: list[str] = Field(default_factory=list, description="extra #SBATCH/#PBS lines, without the prefix")
+    modules: list[str] = Field(default_factory=list, description="modules loaded before the job runs")
+    setup: list[str] = Field(default_factory=list, description="shell lines run before launching")
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables of every job")
+    mpiexec: Literal["pals", "mpich", "openmpi"] = Field(
+        "pals", description="PBS: the mpiexec flavour that starts one process per node or per GPU")
+    cpu_bind: str | None = Field(None, description="CPU binding for the launcher (e.g. none, or LUMI's masks)")
+    container: Container | None = None
+
+
+class JobSpec(Strict):
+    """One job as the user asked for it, after validation."""
+
+    scheduler: Scheduler
+    preset: str
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(ge=0)
+    nproc_per_node: int = Field(ge=1, description="processes per node (GPUs per node, or CPU processes)")
+    mode: Mode = "torchrun"
+    time: str = Field("01:00:00", description="wall time, HH:MM:SS or D-HH:MM:SS")
+    account: str | None = None
+    queue: str | None = None
+    job_name: str = "nodescale"
+    env: dict[str, str] = Field(default_factory=dict, description="user --env, merged over the preset's")
+    command: list[str] = Field(min_length=1)
+    workdir: Path = Field(description="directory the job runs in (cd there first)")
+    job_dir: Path = Field(description="where the script and the logs go")
+
+    @field_validator("time")
+    @classmethod
+    def _time_format(cls, value: str) -> str:
+        if not _TIME.match(value):
+            raise ValueError("must look like HH:MM:SS or D-HH:MM:SS")
+        return value
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
