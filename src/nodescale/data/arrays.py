@@ -39,6 +39,7 @@ class ArrayDataset(Dataset):
         self.scale = float(scale)
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
+        self._stats: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self.x)
@@ -60,10 +61,18 @@ class ArrayDataset(Dataset):
         x = x.float()
         if self.scale != 1.0:
             x = x / self.scale
-        stat_shape = (1, -1) + (1,) * (x.dim() - 2) if x.dim() > 1 else (-1,)
-        mean = torch.tensor(self.mean, device=x.device).view(stat_shape)
-        std = torch.tensor(self.std, device=x.device).view(stat_shape)
+        mean, std = self._stats_for(x)
         return (x - mean) / std
+
+    def _stats_for(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Made once per device and rank of input, not once per batch: the step stays free
+        # of host-to-device copies.
+        key = (x.device, x.dim())
+        if key not in self._stats:
+            shape = (1, -1) + (1,) * (x.dim() - 2) if x.dim() > 1 else (-1,)
+            self._stats[key] = (torch.tensor(self.mean, device=x.device).view(shape),
+                                torch.tensor(self.std, device=x.device).view(shape))
+        return self._stats[key]
 
     @property
     def nbytes(self) -> int:

@@ -243,10 +243,14 @@ class Trainer:
             with self.autocast:
                 output = self.runner(batch.x)
             losses = per_sample_loss(output, batch.y, self.task)
-            weighted = losses * batch.weights
-            loss = weighted.sum() * (self.runtime.world_size / window_total)
+            full = batch.real_count == len(batch.y)  # nearly every batch: padding needs no masking
+            loss_sum = losses.sum() if full else (losses * batch.weights).sum()
+            loss = loss_sum * (self.runtime.world_size / window_total)
             self.scaler.scale(loss).backward()
-        window.add(weighted.detach(), correct(output.detach(), batch.y, self.task), batch.weights)
+        hits = correct(output.detach(), batch.y, self.task)
+        if hits is not None:
+            hits = hits.sum() if full else (hits * batch.weights).sum()
+        window.add(loss_sum.detach(), hits, batch.real_count)
 
     def _optimizer_step(self) -> None:
         clip = self.cfg.optim.grad_clip
@@ -318,19 +322,22 @@ class _Window:
         self.restart()
 
     def restart(self) -> None:
-        self.totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.hits = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.count = 0
         self.steps = 0
         self.data_wait = 0.0
         self.has_accuracy = False
         self.started = time.perf_counter()
         self.excluded_seconds = 0.0
 
-    def add(self, weighted_loss: torch.Tensor, hits: torch.Tensor | None, weights: torch.Tensor) -> None:
-        self.totals[0] += weighted_loss.sum()
+    def add(self, loss_sum: torch.Tensor, hits: torch.Tensor | None, real_count: int) -> None:
+        """One micro-batch's summed loss and correct predictions (device scalars) and its size."""
+        self.loss_sum = self.loss_sum + loss_sum
         if hits is not None:
-            self.totals[1] += (hits * weights).sum()
+            self.hits = self.hits + hits
             self.has_accuracy = True
-        self.totals[2] += weights.sum()
+        self.count += real_count  # known on the host: no device work for it
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started - self.excluded_seconds
@@ -345,7 +352,9 @@ class _Window:
             self.excluded_seconds += time.perf_counter() - began
 
     def reduce(self, distributed: bool) -> tuple[float, float | None, int]:
-        totals = self.totals.clone()
+        """Mean loss, accuracy and sample count of the window over all ranks (one all-reduce)."""
+        totals = torch.stack((self.loss_sum, self.hits, torch.tensor(float(self.count), dtype=torch.float64,
+                                                                       device=self.device)))
         if distributed:
             dist.all_reduce(totals)
         loss_sum, hits, count = totals.tolist()
