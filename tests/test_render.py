@@ -224,7 +224,10 @@ def test_mpiexec_flags_by_flavour(flavour: str) -> None:
     expected = {
         "pals": "mpiexec -n 8 --ppn 4 --cpu-bind none \\",
         "mpich": "mpiexec -n 8 -ppn 4 -bind-to none \\",  # Hydra refuses --cpu-bind
-        "openmpi": "mpiexec -n 8 --map-by ppr:4:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER_PORT",
+        # Hosts from the node file (Open MPI without PBS TM sees only the local host otherwise),
+        # and the job id passed on: it is the rendezvous id on every node.
+        "openmpi": 'mpiexec -n 8 --hostfile "$PBS_NODEFILE" --map-by ppr:4:node --bind-to none -x PATH '
+                   "-x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID",
     }[flavour]
     assert line.startswith(expected)
 
@@ -523,12 +526,12 @@ def test_scripts_run_with_stub_launchers(preset: str, mode: str, tmp_path: Path,
 
 
 def check_torchrun_runs(runs: list[dict[str, Any]], spec: JobSpec, job_id: str) -> None:
-    """One torchrun per node, with that node's rank, store role and address, then the command."""
+    """One torchrun per node, with that node's store role and address, then the command."""
     assert len(runs) == spec.nodes
     for node, run in enumerate(runs):
         split = run["argv"].index("--no-python")
         assert run["argv"][:split] == [
-            f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={node}",
+            f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port_for_job(job_id)}", f"--rdzv-id={job_id}",
             f"--rdzv-conf=is_host={1 if node == 0 else 0}", "--local-addr=127.0.0.1",
         ]
@@ -585,6 +588,8 @@ def test_real_mpiexec_one_node(flavour: str, binary: str, mode: str, tmp_path: P
     # Test machines run as root; production scripts keep Open MPI's flags clean.
     root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     env = {**scheduler_env(cluster, tmp_path, "9001.pbs"), **root, "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    # One node: its slots only (Open MPI reads the node file as its host file).
+    Path(env["PBS_NODEFILE"]).write_text("localhost\nlocalhost\n")
     records = run_script(render(spec, cluster), tmp_path, [bin_dir, stub_bin], env)
     assert not list(tmp_path.rglob("pwned-*"))
     if mode == "torchrun":

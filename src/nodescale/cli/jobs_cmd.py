@@ -7,6 +7,9 @@ import time
 
 from nodescale.errors import UserError
 
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE", "FINISHED"}
+
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     jobs = subparsers.add_parser("jobs", help="the jobs nodescale submitted, with their scheduler state")
@@ -43,11 +46,16 @@ def list_jobs(args: argparse.Namespace) -> int:
 def cancel_job(args: argparse.Namespace) -> int:
     from nodescale.launch.registry import find
     from nodescale.launch.submit import cancel_job as cancel
+    from nodescale.launch.submit import job_states
 
     job = find(args.job_id)
     if job is None:
         raise UserError(f"job {args.job_id!r}", "was not submitted by nodescale on this account",
                         "`nodescale jobs --all` lists the jobs it knows; use scancel/qdel for others")
+    state = job_states(job.scheduler, [job.job_id]).get(job.job_id)
+    if state in ENDED:
+        # scancel says nothing for an ended job; pretending to cancel it would mislead.
+        raise UserError(f"job {job.job_id}", f"has already ended ({state})", f"its log: {job.log}")
     cancel(job.scheduler, job.job_id)
     print(f"cancelled {job.scheduler} job {job.job_id}")
     return 0

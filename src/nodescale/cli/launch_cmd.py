@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nodescale.errors import UserError
+from nodescale.launch.shell import safe_job_name
 
 DEFAULT_PRESET = {"slurm": "generic-slurm", "pbs": "generic-pbs"}
 
@@ -139,25 +140,27 @@ def run(args: argparse.Namespace) -> int:
     from nodescale.launch.submit import SUBMIT
 
     script = (render_slurm if spec.scheduler == "slurm" else render_pbs)(spec, preset)
-    script_path = spec.job_dir / f"{spec.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sh"
-    submit_line = " ".join([*SUBMIT[spec.scheduler], str(script_path)])
+    stem = f"{safe_job_name(spec.job_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    submit_line = " ".join([*SUBMIT[spec.scheduler], str(spec.job_dir / f"{stem}.sh")])
     if args.dry_run:
         print(f"# {submit_line}")
         print(script, end="")
         return 0
-    return _submit(spec, script, script_path)
+    return _submit(spec, script, stem)
 
 
-def _submit(spec: Any, script: str, script_path: Path) -> int:
-    from nodescale.atomic_files import write_text_atomic
+def _submit(spec: Any, script: str, stem: str) -> int:
     from nodescale.launch.registry import JobRecord, record
     from nodescale.launch.submit import submit_script
 
     spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-    write_text_atomic(script_path, script)
-    script_path.chmod(0o750)
-    job_id = submit_script(spec.scheduler, str(script_path))
-    log = log_path(script, job_id, spec.job_name)
+    script_path = _new_script_file(spec.job_dir, stem, script)
+    try:
+        job_id = submit_script(spec.scheduler, str(script_path))
+    except UserError:
+        script_path.unlink(missing_ok=True)  # nothing was submitted: leave nothing that looks submitted
+        raise
+    log = log_path(spec, job_id)
     record(JobRecord(job_id, spec.scheduler, spec.job_name, str(script_path), log, str(spec.workdir), time.time()))
     print(f"submitted {spec.scheduler} job {job_id}")
     print(f"  script: {script_path}")
@@ -165,16 +168,32 @@ def _submit(spec: Any, script: str, script_path: Path) -> int:
     return 0
 
 
-def log_path(script: str, job_id: str, job_name: str) -> str:
-    """Where the scheduler writes the job's output, read from the script's own directives."""
-    slurm = re.search(r"^#SBATCH --output=(\S+)", script, re.M)
-    if slurm:
-        return slurm.group(1).replace("%j", job_id).replace("%x", job_name)
-    pbs = re.search(r"^#PBS -o (\S+)", script, re.M)
-    if pbs:
-        target = pbs.group(1)
-        return f"{target}{job_name}.o{job_id.split('.')[0]}" if target.endswith("/") else target
-    return "(scheduler default)"
+def _new_script_file(job_dir: Path, stem: str, script: str) -> Path:
+    """A script file of its own: two launches in one second never share (or overwrite) one."""
+    for attempt in range(1000):
+        path = job_dir / (f"{stem}.sh" if attempt == 0 else f"{stem}-{attempt}.sh")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o750)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(script)
+        return path
+    raise UserError(f"--job-dir {str(job_dir)!r}", f"already holds 1000 scripts named {stem}*",
+                    "choose another --job-dir or --job-name")
+
+
+def log_path(spec: Any, job_id: str) -> str:
+    """Where the scheduler writes the job's output, as the renderers ask for it."""
+    number = job_id.split(".")[0]
+    if spec.scheduler == "slurm":
+        from nodescale.launch.render_slurm import STDOUT_NAME
+
+        return str(spec.job_dir / STDOUT_NAME.replace("%j", number))
+    from nodescale.launch.render_pbs import MAX_JOB_NAME
+
+    # PBS names the file after the job's (sanitised) -N name and the number of its id.
+    return str(spec.job_dir / f"{safe_job_name(spec.job_name, limit=MAX_JOB_NAME)}.o{number}")
 
 
 def _run_local(spec: Any, dry_run: bool) -> int:

@@ -124,8 +124,12 @@ def mpiexec_words(spec: JobSpec, preset: Preset, total: int, per_node: int, env_
         return ["mpiexec", "-n", str(total), "--ppn", str(per_node), "--cpu-bind", bind]
     if preset.mpiexec == "mpich":
         return ["mpiexec", "-n", str(total), "-ppn", str(per_node), "-bind-to", bind]
-    words = ["mpiexec", "-n", str(total), "--map-by", f"ppr:{per_node}:node", "--bind-to", bind]
-    for name in dict.fromkeys(["PATH", "MASTER_ADDR", "MASTER_PORT", *env_names]):
+    # The node file names the hosts: an Open MPI built without PBS's TM interface (Debian's,
+    # many conda ones) sees only the local host otherwise. PBS_JOBID must travel with -x: it
+    # is the rendezvous id, and nodes with different ids never meet.
+    words = ["mpiexec", "-n", str(total), "--hostfile", shell.Expansion('"$PBS_NODEFILE"'),
+             "--map-by", f"ppr:{per_node}:node", "--bind-to", bind]
+    for name in dict.fromkeys(["PATH", "MASTER_ADDR", "MASTER_PORT", "PBS_JOBID", *env_names]):
         words += ["-x", name]
     return words
 

@@ -55,14 +55,21 @@ ARGS_COMMENT = '# The command reaches the script below as its arguments ("$@"), 
 _PER_TASK_BINDINGS = ("map_", "mask_", "list:", "mask:")
 
 
+class Expansion(str):
+    """A word nodescale itself writes for the shell to expand at run time (``"$PBS_NODEFILE"``).
+
+    Never built from user input: every user string goes through :func:`quote`.
+    """
+
+
 def quote(value: str) -> str:
-    """``value`` as one shell word that the shell takes literally."""
-    return shlex.quote(value)
+    """``value`` as one shell word that the shell takes literally (an ``Expansion`` as written)."""
+    return str(value) if isinstance(value, Expansion) else shlex.quote(value)
 
 
 def join(words: Iterable[str]) -> str:
-    """``words`` as shell words, each taken literally."""
-    return shlex.join(list(words))
+    """``words`` as shell words, each taken literally (``Expansion`` words as written)."""
+    return " ".join(quote(word) for word in words)
 
 
 def check_line(text: str, what: str) -> str:
@@ -257,7 +264,9 @@ def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: s
         "# This node as the others reach it: the source address of its route to MASTER_ADDR.",
         "# Left to itself torchrun guesses from the host name, which often means loopback.",
         local_addr_line(),
-        f'exec torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} --node-rank="$node_rank" \\',
+        # No --node-rank: the c10d rendezvous assigns node ranks itself, and torchrun warns
+        # on every node that the flag is ignored.
+        f'exec torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} \\',
         f'{INDENT}--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="{rdzv_id}" \\',
         f'{INDENT}--rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"',
     ]

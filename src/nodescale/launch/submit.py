@@ -49,7 +49,8 @@ def job_states(scheduler: str, job_ids: Sequence[str]) -> dict[str, str]:
     if not job_ids or shutil.which("squeue" if scheduler == "slurm" else "qstat") is None:
         return {}
     if scheduler == "slurm":
-        argv = ["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)]
+        # -t all: jobs that ended recently (COMPLETED, FAILED, CANCELLED) are still listed.
+        argv = ["squeue", "-h", "-t", "all", "-o", "%i %T", "-j", ",".join(job_ids)]
     else:
         argv = ["qstat", "-x", *job_ids]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)

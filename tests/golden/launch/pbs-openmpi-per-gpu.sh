@@ -60,7 +60,7 @@ echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 # it with every process it starts.
 # -x: Open MPI's daemons on other nodes pass on only the variables named so.
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
-mpiexec -n 8 --map-by ppr:4:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER_PORT -x GLOO_SOCKET_IFNAME -x OMP_NUM_THREADS -x RUN_NOTE \
+mpiexec -n 8 --hostfile "$PBS_NODEFILE" --map-by ppr:4:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID -x GLOO_SOCKET_IFNAME -x OMP_NUM_THREADS -x RUN_NOTE \
     bash -c '
         export RANK=${PALS_RANKID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}
         export LOCAL_RANK=${PALS_LOCAL_RANKID:-${MPI_LOCALRANKID:-${OMPI_COMM_WORLD_LOCAL_RANK:?mpiexec set no local rank variable}}}

@@ -59,5 +59,5 @@ echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 # CPU binding is off unless the preset sets one: a launcher bound to one core would share
 # it with every process it starts.
 # -x: Open MPI's daemons on other nodes pass on only the variables named so.
-mpiexec -n 1 --map-by ppr:1:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER_PORT -x GLOO_SOCKET_IFNAME -x OMP_NUM_THREADS -x RUN_NOTE \
+mpiexec -n 1 --hostfile "$PBS_NODEFILE" --map-by ppr:1:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID -x GLOO_SOCKET_IFNAME -x OMP_NUM_THREADS -x RUN_NOTE \
     nodescale train --config /home/user/project/resnet.yaml --set epochs=3

@@ -60,7 +60,7 @@ echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 # it with every process it starts.
 # -x: Open MPI's daemons on other nodes pass on only the variables named so.
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
-mpiexec -n 2 --map-by ppr:1:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER_PORT -x GLOO_SOCKET_IFNAME -x OMP_NUM_THREADS -x RUN_NOTE \
+mpiexec -n 2 --hostfile "$PBS_NODEFILE" --map-by ppr:1:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID -x GLOO_SOCKET_IFNAME -x OMP_NUM_THREADS -x RUN_NOTE \
     bash -c '
         # Runs once on every node: its node rank and address are known only there.
         node_rank=${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}}
@@ -69,7 +69,7 @@ mpiexec -n 2 --map-by ppr:1:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER
         # This node as the others reach it: the source address of its route to MASTER_ADDR.
         # Left to itself torchrun guesses from the host name, which often means loopback.
         local_addr=$(python3 -c "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)
-        exec torchrun --nnodes=2 --nproc-per-node=4 --node-rank="$node_rank" \
+        exec torchrun --nnodes=2 --nproc-per-node=4 \
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$PBS_JOBID" \
             --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"
     ' \

@@ -79,7 +79,7 @@ srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=40 --kill-on-bad-exit=1 \
         # This node as the others reach it: the source address of its route to MASTER_ADDR.
         # Left to itself torchrun guesses from the host name, which often means loopback.
         local_addr=$(python3 -c "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)
-        exec torchrun --nnodes=2 --nproc-per-node=4 --node-rank="$node_rank" \
+        exec torchrun --nnodes=2 --nproc-per-node=4 \
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
             --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"
     ' \

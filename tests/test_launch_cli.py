@@ -1,0 +1,67 @@
+"""nodescale launch without a scheduler: dry runs, local runs and refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import read_summary, run_cli
+from nodescale.cli.launch_cmd import _new_script_file
+
+
+def test_two_launches_in_one_second_get_their_own_script(tmp_path: Path) -> None:
+    first = _new_script_file(tmp_path, "job-20260101-000000", "echo first\n")
+    second = _new_script_file(tmp_path, "job-20260101-000000", "echo second\n")
+    assert first != second
+    assert first.read_text() == "echo first\n" and second.read_text() == "echo second\n"
+
+
+def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path) -> None:
+    result = run_cli(["launch", "--cluster", "puhti", "--nodes", "2", "--account", "project_2001234",
+                      "--job-dir", "jobs", "--dry-run", "--", "nodescale", "train", "--model", "resnet50"],
+                     cwd=tmp_path)
+    submit, _, script = result.stdout.partition("\n")
+    assert submit.startswith("# sbatch --parsable ") and str(tmp_path / "jobs") in submit
+    assert "#SBATCH --gres=gpu:v100:4" in script and "#SBATCH --account=project_2001234" in script
+    assert "nodescale-node nodescale train --model resnet50" in script
+    assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--cluster", "puhti", "--nodes", "2", "--", "true"], "without --account"),
+    (["--cluster", "derecho", "--account", "A", "--gpus-per-node", "8", "--", "true"], "derecho nodes have 4 GPUs"),
+    (["--cluster", "derecho", "--account", "A", "--env", "NCCL_DISABLE_IB=1", "--", "true"], "NCCL_IB_DISABLE"),
+    (["--cluster", "derecho", "--account", "A", "--env", "NCCL_NET_GDR_LEVEL=PBH", "--", "true"], "PBH"),
+    (["--cluster", "derecho", "--scheduler", "slurm", "--account", "A", "--", "true"], "pbs"),
+    (["--cluster", "lumi", "--account", "A", "--nproc-per-node", "16", "--", "true"], "16"),
+    (["--cluster", "hipergaitor", "--", "true"], "did you mean 'hipergator'"),
+    (["--nodes", "2", "--", "true"], "a local run has one node"),
+    (["--nodes", "0", "--", "true"], "at least 1"),
+    (["--time", "1h", "--", "true"], "HH:MM:SS"),
+    (["--mode", "mpi", "--", "true"], "torchrun"),
+    (["--env", "1BAD=x", "--", "true"], "KEY=VALUE"),
+    ([], "needs the program to run"),
+    (["--", "no-such-program-here"], "not a program on PATH"),
+])
+def test_bad_launches_exit_2_before_anything_runs(argv: list[str], expected: str, tmp_path: Path) -> None:
+    result = run_cli(["launch", "--job-dir", "jobs", *argv], cwd=tmp_path, check=False)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr and "hint:" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.multiproc
+def test_local_launch_runs_any_command_on_n_processes(tmp_path: Path) -> None:
+    script = tmp_path / "ranks.py"
+    script.write_text("import json, os\nprint(json.dumps({k: os.environ[k] for k in "
+                      "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_PORT')}))\n")
+    result = run_cli(["launch", "--nproc-per-node", "2", "--env", "NODESCALE_TEST=1", "--", "python", str(script)],
+                     cwd=tmp_path)
+    seen = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sorted(int(s["RANK"]) for s in seen) == [0, 1]
+    assert {s["WORLD_SIZE"] for s in seen} == {"2"}
+    run_cli(["launch", "--nproc-per-node", "2", "--", "nodescale", "train", "--max-steps", "3", "--no-progress",
+             "--out", "run"], cwd=tmp_path)
+    assert read_summary(tmp_path / "run")["world_size"] == 2

@@ -1,0 +1,279 @@
+"""``nodescale launch`` against real schedulers: a Slurm cluster on this machine (two slurmd
+"nodes"), and PBS Pro job scripts run as PBS runs them with the real MPICH and Open MPI mpiexec.
+
+Every test has its own job registry (XDG_STATE_HOME) and preset folder (NODESCALE_PRESET_DIR):
+the user's own are never read or written. The Slurm nodes have this machine's few cores, so
+the Slurm jobs use a user preset (the realistic path) that extends generic-slurm with that
+core count; the cluster's one fake GPU per node lets per-gpu mode ask for --gres=gpu:1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import read_summary, run_cli
+from nodescale.dist.env import port_for_job
+from scheduler_fixtures import SlurmCluster, pbs_run, processes_with, search_path, slurm_cluster  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.multiproc
+
+SLURM_PRESET = "ci-slurm"
+PBS_OPENMPI_PRESET = "ci-pbs-openmpi"
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A registry and a preset folder of this test's own; this Python's scripts first on PATH."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    (presets / f"{PBS_OPENMPI_PRESET}.yaml").write_text(
+        "extends: generic-pbs\ndescription: generic PBS with Open MPI's mpiexec\nmpiexec: openmpi\n")
+    monkeypatch.setenv("NODESCALE_PRESET_DIR", str(presets))
+    monkeypatch.setenv("PATH", search_path())
+    return presets
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmCluster, isolated: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:  # noqa: F811
+    """The session's Slurm cluster, its SLURM_CONF set, and a preset that fits its nodes."""
+    for name, value in slurm_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    (isolated / f"{SLURM_PRESET}.yaml").write_text(
+        f"extends: generic-slurm\ndescription: the test cluster\ncpus_per_node: {slurm_cluster.cpus_per_node}\n")
+    return slurm_cluster
+
+
+def launch_slurm(cwd: Path, *options: str, command: list[str], check: bool = True):
+    return run_cli(["launch", "--scheduler", "slurm", "--cluster", SLURM_PRESET, "--time", "00:10:00",
+                    "--job-dir", "jobs", *options, "--", *command], cwd=cwd, check=check)
+
+
+def submitted(stdout: str) -> tuple[str, Path, Path]:
+    """Job id, script and log path from what `nodescale launch` printed."""
+    job = re.search(r"^submitted slurm job (\S+)$", stdout, re.M)
+    script = re.search(r"^  script: (.+)$", stdout, re.M)
+    log = re.search(r"^  log: +(.+)$", stdout, re.M)
+    assert job and script and log, stdout
+    return job.group(1), Path(script.group(1)), Path(log.group(1))
+
+
+def finish(slurm: SlurmCluster, job_id: str, log: Path, timeout: float = 180) -> str:
+    """Wait for the job to end; fail with its output unless it COMPLETED. Returns the output."""
+    state = slurm.wait_until_done(job_id, timeout)
+    output = log.read_text(errors="replace") if log.exists() else f"(no {log})"
+    errors = log.with_suffix(".err")
+    if errors.exists():
+        output += "\n--- stderr\n" + errors.read_text(errors="replace")
+    if state != "COMPLETED":
+        pytest.fail(f"Slurm job {job_id} ended {state}\n{output}\n{slurm.log_tail()}", pytrace=False)
+    return output
+
+
+def tagged_json(output: str, tag: str) -> list[dict[str, Any]]:
+    return [json.loads(line[len(tag) + 1:]) for line in output.splitlines() if line.startswith(tag + " ")]
+
+
+# --- Slurm ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_slurm_train_on_two_nodes(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result = launch_slurm(tmp_path, "--nodes", "2", "--gpus-per-node", "0", "--nproc-per-node", "1",
+                          command=["nodescale", "train", "--max-steps", "5", "--no-progress", "--out", "run"])
+    job_id, script, log = submitted(result.stdout)
+    assert script.parent == tmp_path / "jobs" and script.is_file()
+    assert log == tmp_path / "jobs" / f"slurm-{job_id}.out"
+    assert "--gres" not in script.read_text()  # --gpus-per-node 0: no GPU asked for
+
+    output = finish(slurm, job_id, log)
+    assert f"nodescale: rendezvous at 127.0.0.1:{port_for_job(job_id)}" in output
+    fields = slurm.job_fields(job_id)
+    assert fields["NumNodes"] == "2" and fields["NodeList"] == "node[1-2]", fields
+    summary = read_summary(tmp_path / "run")
+    assert summary["world_size"] == 2
+    assert summary["global_steps"] == 5
+
+    listed = run_cli(["jobs", "--all"], cwd=tmp_path).stdout
+    line = next((row for row in listed.splitlines() if row.split()[:2] == [job_id, "slurm"]), None)
+    assert line is not None and str(log) in line, listed
+
+
+PROBE = """\
+import json, os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", init_method="env://")
+total = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(total)
+names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"]
+seen = {name: os.environ.get(name) for name in names}
+print("PROBE " + json.dumps({**seen, "world": dist.get_world_size(), "sum": total.item()}), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_slurm_per_gpu_mode_user_script(slurm: SlurmCluster, tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(PROBE)
+    result = launch_slurm(tmp_path, "--nodes", "2", "--gpus-per-node", "1", "--nproc-per-node", "1",
+                          "--mode", "per-gpu", command=[sys.executable, "probe.py"])
+    job_id, script, log = submitted(result.stdout)
+    assert "#SBATCH --gres=gpu:1" in script.read_text()
+
+    ranks = tagged_json(finish(slurm, job_id, log), "PROBE")
+    assert sorted(int(rank["RANK"]) for rank in ranks) == [0, 1], ranks
+    for rank in ranks:
+        assert rank["WORLD_SIZE"] == "2" and rank["world"] == 2
+        assert rank["LOCAL_RANK"] == "0" and rank["LOCAL_WORLD_SIZE"] == "1"
+        assert rank["MASTER_ADDR"] == "127.0.0.1"  # node1's NodeAddr, not its unresolvable name
+        assert rank["MASTER_PORT"] == str(port_for_job(job_id))
+        assert rank["sum"] == 1.0 + 2.0
+        assert rank["CUDA_VISIBLE_DEVICES"] == "0"  # Slurm allocated the node's (fake) GPU
+
+
+def test_slurm_cancel_stops_every_process(slurm: SlurmCluster, tmp_path: Path) -> None:
+    marker = f"nodescale-cancel-{uuid.uuid4().hex}"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)", marker]
+    result = launch_slurm(tmp_path, "--nodes", "2", "--gpus-per-node", "0", "--nproc-per-node", "1",
+                          command=sleeper)
+    job_id, _, log = submitted(result.stdout)
+    try:
+        assert slurm.wait_for_state(job_id, {"RUNNING"}, 60) == "RUNNING", log.read_text(errors="replace")
+        workers = wait_for(lambda: [line for line in processes_with(marker).values() if line == " ".join(sleeper)],
+                           lambda found: len(found) == 2, 60)
+        assert len(workers) == 2, f"one sleeper per node expected, running: {processes_with(marker)}"
+        listed = run_cli(["jobs"], cwd=tmp_path).stdout
+        assert any(row.split()[:3] == [job_id, "slurm", "RUNNING"] for row in listed.splitlines()), listed
+
+        cancelled = run_cli(["cancel", job_id], cwd=tmp_path)
+        assert f"cancelled slurm job {job_id}" in cancelled.stdout
+        queued = wait_for(lambda: slurm.command("squeue", "-h", "-o", "%i", "-j", job_id, check=False).stdout.split(),
+                          lambda ids: job_id not in ids, 60)
+        assert job_id not in queued, f"job {job_id} still queued after cancel"
+        left = wait_for(lambda: processes_with(marker), lambda found: not found, 60)
+        assert not left, f"processes of the cancelled job still running: {left}"
+        assert slurm.job_state(job_id) == "CANCELLED"
+    finally:
+        slurm.command("scancel", job_id, check=False)
+
+
+def wait_for(probe, done, timeout: float, every: float = 0.25):
+    """Call ``probe`` until ``done(value)`` or ``timeout`` seconds; the last value."""
+    deadline = time.monotonic() + timeout
+    value = probe()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(every)
+        value = probe()
+    return value
+
+
+def test_submission_errors_are_user_errors(slurm: SlurmCluster, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    refused = launch_slurm(tmp_path, "--nodes", "1", "--gpus-per-node", "0", "--queue", "no-such-partition",
+                           command=["true"], check=False)
+    assert refused.returncode == 2, refused
+    assert "nodescale: error: sbatch" in refused.stderr
+    assert "invalid partition" in refused.stderr.lower()  # Slurm's own words, passed on
+    assert "Traceback" not in refused.stderr
+
+    unknown = run_cli(["cancel", "999999"], cwd=tmp_path, check=False)
+    assert unknown.returncode == 2, unknown
+    assert "999999" in unknown.stderr and "Traceback" not in unknown.stderr
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # a machine without Slurm's commands
+    missing = launch_slurm(tmp_path, "--nodes", "1", "--gpus-per-node", "0", command=["true"], check=False)
+    assert missing.returncode == 2, missing
+    assert "sbatch" in missing.stderr and "not on PATH" in missing.stderr and "Traceback" not in missing.stderr
+
+    listed = run_cli(["jobs", "--all"], cwd=tmp_path).stdout
+    assert listed.startswith("no queued or running jobs"), listed  # nothing refused was recorded
+
+
+ECHO_ARGS = ("import json, os, sys; "
+             "print('ARGS ' + json.dumps({'argv': sys.argv[1:], 'env': os.environ.get('NS_PAYLOAD')}), flush=True)")
+
+
+def test_slurm_shell_metacharacters_arrive_literally(slurm: SlurmCluster, tmp_path: Path) -> None:
+    markers = [tmp_path / f"pwned-{i}" for i in range(4)]
+    arguments = [
+        f"$(touch {markers[0]}); `touch {markers[1]}`; echo hi",
+        "it's \"quoted\" \\ * ? ~ & | > < $HOME ${PATH} ä\ttab\nnewline",
+        "--help",
+    ]
+    env_value = f"$(touch {markers[2]}) `touch {markers[3]}`; 'q' \"d\" \\"
+    # Relative markers: both sbatch and the job run in tmp_path.
+    name = "inj$(touch pwned-name-1);`touch pwned-name-2`;x"
+    result = launch_slurm(tmp_path, "--nodes", "2", "--gpus-per-node", "0", "--nproc-per-node", "1",
+                          "--job-name", name, "--env", f"NS_PAYLOAD={env_value}",
+                          command=[sys.executable, "-c", ECHO_ARGS, *arguments])
+    job_id, script, log = submitted(result.stdout)
+
+    seen = tagged_json(finish(slurm, job_id, log), "ARGS")
+    assert len(seen) == 2, seen  # one process per node
+    for process in seen:
+        assert process["argv"] == arguments
+        assert process["env"] == env_value
+    created = [path for path in [*markers, tmp_path / "pwned-name-1", tmp_path / "pwned-name-2"] if path.exists()]
+    assert not created, f"shell text in the job ran: {created}"
+    assert re.fullmatch(r"[A-Za-z0-9_.+-]+", slurm.job_fields(job_id)["JobName"])
+
+
+def test_slurm_log_path_in_a_folder_with_spaces(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result = launch_slurm(tmp_path, "--nodes", "1", "--gpus-per-node", "0", "--job-dir", "my jobs",
+                          command=["echo", "hello from the job"])
+    job_id, script, log = submitted(result.stdout)
+    slurm.wait_until_done(job_id)
+    assert script.parent == tmp_path / "my jobs"
+    assert (tmp_path / "my jobs" / f"slurm-{job_id}.out").is_file()
+    assert log == tmp_path / "my jobs" / f"slurm-{job_id}.out"
+    # Cancelling a job that has ended is refused (scancel itself would say nothing).
+    late = run_cli(["cancel", job_id], cwd=tmp_path, check=False)
+    assert late.returncode == 2 and "has already ended (COMPLETED)" in late.stderr
+
+
+def test_slurm_job_name_cannot_move_the_script(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result = launch_slurm(tmp_path, "--nodes", "1", "--gpus-per-node", "0", "--job-name", "../../escaped",
+                          command=["true"])
+    job_id, script, _ = submitted(result.stdout)
+    slurm.wait_until_done(job_id)
+    assert script.resolve().parent == tmp_path / "jobs"
+
+
+# --- PBS Pro, run as PBS runs a job -------------------------------------------------------------------
+
+
+def pbs_script(cwd: Path, cluster: str, command: list[str]) -> Path:
+    """The script `nodescale launch --dry-run` prints, written where it says qsub would read it."""
+    result = run_cli(["launch", "--scheduler", "pbs", "--cluster", cluster, "--nodes", "2", "--gpus-per-node", "0",
+                      "--nproc-per-node", "1", "--job-dir", "jobs", "--dry-run", "--", *command], cwd=cwd)
+    submit, _, script = result.stdout.partition("\n")
+    assert submit.startswith("# qsub "), result.stdout
+    path = Path(submit.removeprefix("# qsub "))
+    assert path.parent == cwd / "jobs" and not path.exists()  # a dry run writes nothing
+    assert script.startswith("#!/bin/bash\n")
+    path.parent.mkdir()
+    path.write_text(script)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("cluster", "flavour"), [("generic-pbs", "mpich"), (PBS_OPENMPI_PRESET, "openmpi")])
+def test_pbs_train_on_two_nodes(cluster: str, flavour: str, tmp_path: Path, pbs_run) -> None:  # noqa: F811
+    script = pbs_script(tmp_path, cluster, ["nodescale", "train", "--max-steps", "5", "--no-progress", "--out", "run"])
+    job = pbs_run(script, 2, mpiexec=flavour, workdir=tmp_path)
+    assert job.returncode == 0, job.output
+    assert sorted(job.daemons) == ["127.0.0.2", "127.0.0.3"], job.output  # one mpiexec daemon per node
+    assert f"nodescale: rendezvous at 127.0.0.2:{port_for_job(job.job_id)}" in job.output
+    assert read_summary(tmp_path / "run")["world_size"] == 2
+    assert not any(job.home.iterdir()), "the job wrote into the home directory it started in"
+    assert job.output_file is not None and job.output_file.parent == tmp_path / "jobs"
