@@ -42,8 +42,9 @@ _RANK = "${PALS_RANKID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank 
 _LOCAL_RANK = (
     "${PALS_LOCAL_RANKID:-${MPI_LOCALRANKID:-${OMPI_COMM_WORLD_LOCAL_RANK:?mpiexec set no local rank variable}}}"
 )
-# With one process per node the MPI rank is the node's index.
-_NODE_RANK = "${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}}"
+# With one process per node the MPI rank is the node's index. No fallback to 0: every node
+# would then host the rendezvous store and the job would hang instead of failing at once.
+_NODE_RANK = "${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}"
 
 
 def render_pbs(spec: JobSpec, preset: Preset) -> str:

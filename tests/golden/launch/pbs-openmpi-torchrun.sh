@@ -63,7 +63,7 @@ echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 mpiexec -n 2 --hostfile "$PBS_NODEFILE" --map-by ppr:1:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID -x GLOO_SOCKET_IFNAME -x OMP_NUM_THREADS -x RUN_NOTE \
     bash -c '
         # Runs once on every node: its node rank and address are known only there.
-        node_rank=${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}}
+        node_rank=${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}
         # The first node hosts the rendezvous store (is_host=1); the others only connect to it.
         if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi
         # This node as the others reach it: the source address of its route to MASTER_ADDR.

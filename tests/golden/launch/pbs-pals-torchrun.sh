@@ -74,7 +74,7 @@ echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 mpiexec -n 2 --ppn 1 --cpu-bind none \
     bash -c '
         # Runs once on every node: its node rank and address are known only there.
-        node_rank=${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}}
+        node_rank=${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}
         # The first node hosts the rendezvous store (is_host=1); the others only connect to it.
         if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi
         # This node as the others reach it: the source address of its route to MASTER_ADDR.

@@ -1,0 +1,86 @@
+#!/bin/bash
+# Job script written by `nodescale launch` for preset derecho: 2 node(s) x 4 process(es), mode torchrun.
+# Directives come first: the scheduler reads them only up to the first command.
+#PBS -N nodescale
+#PBS -l select=2:ncpus=64:ngpus=4:mpiprocs=1
+#PBS -l place=scatter
+#PBS -l walltime=01:00:00
+#PBS -A project_0001
+#PBS -q main
+#PBS -j oe
+#PBS -o /home/user/project/nodescale-jobs/
+
+set -euo pipefail
+
+# PBS starts the job in the home directory, not where qsub ran: go to the job's directory
+# (an absolute path, so nothing depends on $PBS_O_WORKDIR).
+cd /home/user/project
+
+# The submitting shell's environment can reach the job (sbatch copies it, qsub -V too);
+# launcher variables left from an earlier run would give every process a wrong rank.
+unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE TORCHELASTIC_RUN_ID MASTER_ADDR MASTER_PORT
+
+# Software environment of the cluster preset. Module and activation scripts read unset
+# variables, so -u is off while they run.
+set +u
+module load cuda
+module load conda
+export TMPDIR="${SCRATCH}/temp" && mkdir -p "${TMPDIR}"
+set -u
+
+# Environment of the cluster preset.
+export NCCL_SOCKET_IFNAME=hsn
+export NCCL_IB_DISABLE=1
+export NCCL_CROSS_NIC=1
+export FI_CXI_DISABLE_HOST_REGISTER=1
+export FI_CXI_DEFAULT_CQ_SIZE=131072
+export FI_MR_CACHE_MONITOR=userfaultfd
+export MPICH_GPU_SUPPORT_ENABLED=1
+
+# Rendezvous. The first node of the allocation hosts the c10d store that torchrun's
+# agents (or the processes themselves) meet at. Which node that is, is known only once
+# the job runs, so it is looked up here, never written in.
+# PBS lists the job's hosts in $PBS_NODEFILE, the first node first. Its name is resolved
+# to IPv4 here, on a compute node: names need not resolve the same way on the login node.
+# The port derives from the job id (nodescale.dist.env.port_for_job): the same on every
+# node, and different for two jobs that share a node, unlike a fixed 29500.
+nodescale_ipv4() {
+    local found
+    found=$(getent ahostsv4 "$1" 2>/dev/null) || found=""
+    found=${found%%[[:space:]]*}
+    echo "${found:-$1}"
+}
+nodescale_port() {
+    if [[ -z "${1//[[:space:]]/}" ]]; then
+        echo 29500
+    elif [[ $1 =~ ^[[:space:]]*([0-9]+)(\[([0-9]*)\])? ]]; then
+        echo $(( 15000 + (10#${BASH_REMATCH[1]} + 10#${BASH_REMATCH[3]:-0}) % 15000 ))
+    else
+        python3 -c 'import sys, zlib; print(15000 + zlib.crc32(sys.argv[1].strip().encode()) % 15000)' "$1"
+    fi
+}
+head_node=$(head -n 1 "$PBS_NODEFILE")
+head_addr=$head_node
+MASTER_ADDR=$(nodescale_ipv4 "$head_addr")
+MASTER_PORT=$(nodescale_port "$PBS_JOBID")
+export MASTER_ADDR MASTER_PORT
+echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
+
+# torchrun mode: one torchrun per node, each starting 4 processes.
+# CPU binding is off unless the preset sets one: a launcher bound to one core would share
+# it with every process it starts.
+# The command reaches the script below as its arguments ("$@"), never re-quoted.
+mpiexec -n 2 --ppn 1 --cpu-bind none \
+    bash -c '
+        # Runs once on every node: its node rank and address are known only there.
+        node_rank=${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}
+        # The first node hosts the rendezvous store (is_host=1); the others only connect to it.
+        if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi
+        # This node as the others reach it: the source address of its route to MASTER_ADDR.
+        # Left to itself torchrun guesses from the host name, which often means loopback.
+        local_addr=$(python3 -c "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)
+        exec torchrun --nnodes=2 --nproc-per-node=4 \
+            --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$PBS_JOBID" \
+            --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"
+    ' \
+    nodescale-node nodescale train --model resnet50

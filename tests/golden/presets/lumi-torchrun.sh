@@ -1,0 +1,84 @@
+#!/bin/bash
+# Job script written by `nodescale launch` for preset lumi: 2 node(s) x 8 process(es), mode torchrun.
+# Directives come first: the scheduler reads them only up to the first command.
+#SBATCH --job-name=nodescale
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=56
+#SBATCH --gpus-per-node=8
+#SBATCH --time=01:00:00
+#SBATCH --account=project_0001
+#SBATCH --partition=standard-g
+#SBATCH --output=/home/user/project/nodescale-jobs/slurm-%j.out
+#SBATCH --error=/home/user/project/nodescale-jobs/slurm-%j.err
+
+set -euo pipefail
+
+# Run in the job's directory, whatever directory sbatch was called from.
+cd /home/user/project
+
+# The submitting shell's environment can reach the job (sbatch copies it, qsub -V too);
+# launcher variables left from an earlier run would give every process a wrong rank.
+unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE TORCHELASTIC_RUN_ID MASTER_ADDR MASTER_PORT
+
+# Software environment of the cluster preset. Module and activation scripts read unset
+# variables, so -u is off while they run.
+set +u
+export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
+export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
+set -u
+
+# Environment of the cluster preset.
+export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
+export NCCL_NET_GDR_LEVEL=PHB
+
+# Rendezvous. The first node of the allocation hosts the c10d store that torchrun's
+# agents (or the processes themselves) meet at. Which node that is, is known only once
+# the job runs, so it is looked up here, never written in.
+# Its address is Slurm's NodeAddr for it (scontrol): node names need not resolve on the
+# compute nodes, or may resolve to another network; a name is then resolved to IPv4 here.
+# The port derives from the job id (nodescale.dist.env.port_for_job): the same on every
+# node, and different for two jobs that share a node, unlike a fixed 29500.
+nodescale_ipv4() {
+    local found
+    found=$(getent ahostsv4 "$1" 2>/dev/null) || found=""
+    found=${found%%[[:space:]]*}
+    echo "${found:-$1}"
+}
+nodescale_port() {
+    if [[ -z "${1//[[:space:]]/}" ]]; then
+        echo 29500
+    elif [[ $1 =~ ^[[:space:]]*([0-9]+)(\[([0-9]*)\])? ]]; then
+        echo $(( 15000 + (10#${BASH_REMATCH[1]} + 10#${BASH_REMATCH[3]:-0}) % 15000 ))
+    else
+        python3 -c 'import sys, zlib; print(15000 + zlib.crc32(sys.argv[1].strip().encode()) % 15000)' "$1"
+    fi
+}
+job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+head_node=${job_nodes%%$'\n'*}
+head_info=$(scontrol show node "$head_node" 2>/dev/null) || head_info=""
+if [[ $head_info =~ NodeAddr=([^[:space:]]+) ]]; then head_addr=${BASH_REMATCH[1]}; else head_addr=$head_node; fi
+MASTER_ADDR=$(nodescale_ipv4 "$head_addr")
+MASTER_PORT=$(nodescale_port "$SLURM_JOB_ID")
+export MASTER_ADDR MASTER_PORT
+echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
+
+# torchrun mode: one torchrun per node, each starting 8 processes.
+# --cpus-per-task is repeated on srun: Slurm 22.05 to 23.02 do not pass the job's value on
+# to steps, and every task would get one core.
+# --kill-on-bad-exit: one failed task ends the step instead of leaving the others waiting.
+# The command reaches the script below as its arguments ("$@"), never re-quoted.
+srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=56 --kill-on-bad-exit=1 \
+    bash -c '
+        # Runs once on every node: its node rank and address are known only there.
+        node_rank=$SLURM_NODEID
+        # The first node hosts the rendezvous store (is_host=1); the others only connect to it.
+        if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi
+        # This node as the others reach it: the source address of its route to MASTER_ADDR.
+        # Left to itself torchrun guesses from the host name, which often means loopback.
+        local_addr=$(python3 -c "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)
+        exec torchrun --nnodes=2 --nproc-per-node=8 \
+            --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
+            --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"
+    ' \
+    nodescale-node nodescale train --model resnet50
