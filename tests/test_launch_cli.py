@@ -40,6 +40,11 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path) -> None:
     (["--nodes", "2", "--", "true"], "a local run has one node"),
     (["--nodes", "0", "--", "true"], "at least 1"),
     (["--time", "1h", "--", "true"], "HH:MM:SS"),
+    (["--cluster", "puhti", "--account", "p", "--time", "10:75:00", "--", "true"], "below 60"),
+    (["--scheduler", "local", "--cluster", "puhti", "--", "true"], "drop --cluster"),
+    (["--cluster", "generic-slurm", "--mode", "spawn", "--nproc-per-node", "4", "--", "nodescale", "train"],
+     "would run 1 process"),
+    (["--env", "NCCL_DISABLE_IB=1", "--", "true"], "NCCL_IB_DISABLE"),
     (["--mode", "mpi", "--", "true"], "torchrun"),
     (["--env", "1BAD=x", "--", "true"], "KEY=VALUE"),
     ([], "needs the program to run"),
@@ -65,3 +70,24 @@ def test_local_launch_runs_any_command_on_n_processes(tmp_path: Path) -> None:
     run_cli(["launch", "--nproc-per-node", "2", "--", "nodescale", "train", "--max-steps", "3", "--no-progress",
              "--out", "run"], cwd=tmp_path)
     assert read_summary(tmp_path / "run")["world_size"] == 2
+
+
+def test_fewer_gpus_than_a_node_has_ask_for_their_share_of_cores(tmp_path: Path) -> None:
+    result = run_cli(["launch", "--cluster", "puhti", "--account", "p", "--gpus-per-node", "1", "--dry-run", "--",
+                      "true"], cwd=tmp_path)
+    assert "#SBATCH --cpus-per-task=10" in result.stdout and "#SBATCH --gres=gpu:v100:1" in result.stdout
+
+
+def test_pbs_job_states_match_the_ids_nodescale_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodescale.launch.submit import job_states
+
+    qstat = tmp_path / "qstat"
+    # qstat -x as PBS Pro prints it, the id shortened to fit its column.
+    qstat.write_text("#!/bin/sh\ncat <<'EOF'\nJob id            Name             User              Time Use S Queue\n"
+                     "----------------  ---------------- ----------------  -------- - -----\n"
+                     "3456789.desched*  resnet50         alice             00:01:02 R main\n"
+                     "3456790.desched*  other            alice             00:00:00 F main\nEOF\n")
+    qstat.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    states = job_states("pbs", ["3456789.desched1", "3456790.desched1"])
+    assert states == {"3456789.desched1": "RUNNING", "3456790.desched1": "FINISHED"}

@@ -65,7 +65,11 @@ def list_clusters(args: argparse.Namespace) -> int:
     from nodescale.launch.presets import list_presets, load_preset
 
     for name in list_presets():
-        preset = load_preset(name)
+        try:
+            preset = load_preset(name)
+        except UserError as exc:  # one broken user file must not hide the other presets
+            print(f"{name:<14} (unusable: {exc.rule})")
+            continue
         print(f"{name:<14} {preset.scheduler:<6} {preset.gpus_per_node} GPUs x {preset.cpus_per_node} cores  "
               f"{preset.description}")
     return 0

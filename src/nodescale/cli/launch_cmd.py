@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,10 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
 
         raise unknown_choice("scheduler", scheduler, ("local", "slurm", "pbs"))
     preset = None
+    if scheduler == "local" and args.cluster:
+        raise UserError(f"--cluster {args.cluster} with --scheduler local",
+                        "a cluster preset describes a scheduler's jobs, not this machine",
+                        "drop --cluster to run here, or drop --scheduler local to submit to the cluster")
     if args.cluster or scheduler in ("slurm", "pbs"):
         from nodescale.launch.presets import load_preset
 
@@ -115,13 +120,23 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
         field = str(error["loc"][0]) if error["loc"] else "job"
         raise UserError(f"--{field.replace('_', '-')} {error.get('input')!r}", error["msg"].removeprefix(
             "Value error, "), "see `nodescale launch --help`") from None
+    if spec.mode == "spawn" and command[:2] == ["nodescale", "train"] and spec.nproc_per_node > 1:
+        # Under a one-task launcher nodescale train is that one process; it spawns nothing.
+        raise UserError("--mode spawn with nodescale train",
+                        f"would run 1 process, not {spec.nproc_per_node}",
+                        "use --mode torchrun (the default) or --mode per-gpu")
     if preset is not None:
         from nodescale.launch.checks import check_job
 
         check_job(spec, preset)
-    elif spec.nodes > 1:
-        raise UserError(f"--nodes {spec.nodes} with --scheduler local", "a local run has one node",
-                        "use --scheduler slurm or pbs (and --cluster) for several nodes")
+    else:
+        if spec.nodes > 1:
+            raise UserError(f"--nodes {spec.nodes} with --scheduler local", "a local run has one node",
+                            "use --scheduler slurm or pbs (and --cluster) for several nodes")
+        from nodescale.launch.envcheck import check_env
+
+        for warning in check_env(spec.env):
+            warnings.warn(warning, stacklevel=2)
     return spec, preset
 
 

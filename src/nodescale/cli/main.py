@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from nodescale import __version__
 from nodescale.cli import config_cmd, jobs_cmd, launch_cmd, list_cmd, train_cmd
@@ -28,7 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      line: str | None = None) -> str:
+    # Users need the message, not the source line of nodescale that raised it.
+    return f"nodescale: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)

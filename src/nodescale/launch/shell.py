@@ -329,8 +329,15 @@ def tasks_per_node(spec: JobSpec) -> int:
 
 
 def cpus_per_task(spec: JobSpec, preset: Preset) -> int:
-    """The node's cores shared out between its tasks (at least one each)."""
-    return max(1, preset.cpus_per_node // tasks_per_node(spec))
+    """The cores of the GPUs asked for, shared out between the node's tasks (at least one each).
+
+    A job with 1 of a node's 4 GPUs gets a quarter of its cores: clusters such as Puhti
+    refuse (or bill for) more, and the rest of the node stays usable for other jobs.
+    """
+    cores = preset.cpus_per_node
+    if 0 < spec.gpus_per_node < preset.gpus_per_node:
+        cores = cores * spec.gpus_per_node // preset.gpus_per_node
+    return max(1, cores // tasks_per_node(spec))
 
 
 def cpu_bind_for(spec: JobSpec, preset: Preset) -> str | None:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 Scheduler = Literal["local", "slurm", "pbs"]
 Mode = Literal["torchrun", "per-gpu", "spawn"]
 
-_TIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
+_TIME = re.compile(r"^(\d+-)?\d{1,3}:[0-5]\d:[0-5]\d$")  # minutes and seconds below 60
 
 
 class Strict(BaseModel):
@@ -80,7 +80,7 @@ class JobSpec(Strict):
     @classmethod
     def _time_format(cls, value: str) -> str:
         if not _TIME.match(value):
-            raise ValueError("must look like HH:MM:SS or D-HH:MM:SS")
+            raise ValueError("must look like HH:MM:SS or D-HH:MM:SS, minutes and seconds below 60")
         return value
 
     @property

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from nodescale.errors import UserError
 
 SUBMIT = {"slurm": ["sbatch", "--parsable"], "pbs": ["qsub"]}
+PBS_STATES = {"Q": "PENDING", "R": "RUNNING", "F": "FINISHED", "E": "EXITING", "H": "HELD", "X": "FINISHED"}
 CANCEL = {"slurm": ["scancel"], "pbs": ["qdel"]}
 
 
@@ -54,12 +55,13 @@ def job_states(scheduler: str, job_ids: Sequence[str]) -> dict[str, str]:
     else:
         argv = ["qstat", "-x", *job_ids]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    # qstat may shorten "3456789.desched1" to "3456789.desc*": match ids by their number.
+    by_number = {job_id.split(".")[0]: job_id for job_id in job_ids}
     states = {}
     for line in result.stdout.splitlines():
         parts = line.split()
         if scheduler == "slurm" and len(parts) == 2:
             states[parts[0]] = parts[1]
-        elif scheduler == "pbs" and len(parts) >= 5 and parts[0].split(".")[0] in job_ids:
-            states[parts[0].split(".")[0]] = {"Q": "PENDING", "R": "RUNNING", "F": "FINISHED", "E": "EXITING",
-                                              "H": "HELD"}.get(parts[4], parts[4])
+        elif scheduler == "pbs" and len(parts) >= 5 and parts[0].split(".")[0] in by_number:
+            states[by_number[parts[0].split(".")[0]]] = PBS_STATES.get(parts[4], parts[4])
     return states
