@@ -103,7 +103,9 @@ class StrategySection(Section):
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="collective backend; auto: nccl on CUDA")
     sync_batchnorm: bool = Field(False, description="synchronise BatchNorm statistics across ranks")
     timeout_s: float = Field(600.0, gt=0, description="collective timeout in seconds")
-    bucket_cap_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size in MB")
+    bucket_cap_mb: float | None = Field(
+        None, gt=0, description="DDP gradient bucket size in MB; default: DDP's own (a small first bucket, then 25)"
+    )
     static_graph: bool = Field(False, description="DDP static_graph (the same parameters used every step)")
     gradient_as_bucket_view: bool = Field(True, description="DDP gradients as views into buckets (saves memory)")
     find_unused_parameters: bool = Field(False, description="DDP: allow parameters without gradients")

@@ -66,8 +66,10 @@ class StepLoader:
     def __len__(self) -> int:
         return self.plan.steps_per_epoch
 
-    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[DeviceBatch]:
-        batches = self.plan.batches(epoch, start_step)
+    def epoch(self, epoch: int, start_step: int = 0, batches: list[Batch] | None = None) -> Iterator[DeviceBatch]:
+        """The epoch's batches from ``start_step`` on; pass ``batches`` if the caller planned them already."""
+        if batches is None:
+            batches = self.plan.batches(epoch, start_step)
         if isinstance(self.dataset, ArrayDataset):
             for batch in batches:
                 x, y = self.dataset.get_batch(batch.indices, self.device)
@@ -81,7 +83,7 @@ class StepLoader:
             yield self._with_weights(x, y, batch)
 
     def _with_weights(self, x: torch.Tensor, y: torch.Tensor, batch: Batch) -> DeviceBatch:
-        real = int(batch.weights.sum())
+        real = batch.real_count
         size = len(batch.weights)
         if real == size:  # almost every batch: no per-step host-to-device copy
             if size not in self._ones:

@@ -30,6 +30,7 @@ class Batch:
     indices: torch.Tensor  # int64 sample indices (padding repeats real ones)
     weights: torch.Tensor  # float32, 1 for real samples, 0 for padding
     global_count: int  # real samples in this step across all ranks
+    real_count: int  # real samples of this rank in this step
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,12 @@ class ShardPlan:
         for step in range(start_step, self.steps_per_epoch):
             shard_slice = positions[step * self.batch_size:(step + 1) * self.batch_size]
             first, last = int(shard_slice[0]) // self.world_size, int(shard_slice[-1]) // self.world_size
+            real = shard_slice < self.num_samples
             batches.append(Batch(
                 indices=padded[shard_slice],
-                weights=(shard_slice < self.num_samples).to(torch.float32),
+                weights=real.to(torch.float32),
                 global_count=self._real_in_rows(first, last + 1),
+                real_count=int(real.sum()),
             ))
         return batches
 

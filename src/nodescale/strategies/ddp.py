@@ -24,10 +24,13 @@ class DDPStrategy:
             model = convert_sync_batchnorm(model, runtime.device.type)
         model = model.to(runtime.device)
         device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+        # Only an explicit bucket size is passed: any value, even DDP's own 25, turns off the
+        # small first bucket that lets the first all-reduce start early in backward.
+        buckets = {"bucket_cap_mb": self.cfg.bucket_cap_mb} if self.cfg.bucket_cap_mb is not None else {}
         return DistributedDataParallel(
             model,
             device_ids=device_ids,
-            bucket_cap_mb=self.cfg.bucket_cap_mb,
+            **buckets,
             static_graph=self.cfg.static_graph,
             gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
             find_unused_parameters=self.cfg.find_unused_parameters,

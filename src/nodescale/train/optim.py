@@ -13,8 +13,8 @@ from nodescale.config.schema import OptimSection
 def make_optimizer(cfg: OptimSection, model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
     """The optimiser over ``model``'s trainable parameters.
 
-    The fused implementations run the whole update as a few kernels on CUDA;
-    foreach (the default elsewhere) batches it across tensors on the CPU.
+    On CUDA the fused implementations run the whole update as a few kernels; elsewhere
+    torch's defaults apply (the per-tensor loop on CPU), as in a hand-written script.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     fused = {"fused": True} if device.type == "cuda" else {}

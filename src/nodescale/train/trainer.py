@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,14 +21,14 @@ from torch import nn
 
 from nodescale.config.schema import RunConfig
 from nodescale.data.loader import StepLoader
-from nodescale.dist.process_group import Runtime
+from nodescale.dist.process_group import Runtime, barrier
 from nodescale.models.spec import Task
 from nodescale.strategies.base import Strategy
 from nodescale.train import checkpoint
 from nodescale.train.clock import TrainClock, peak_memory_bytes, synchronize
 from nodescale.train.console import Console
 from nodescale.train.evaluate import EvalResult, evaluate
-from nodescale.train.loss import correct, per_sample_loss
+from nodescale.train.loss import per_sample_loss
 from nodescale.train.metrics_log import MetricsLog
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -96,8 +96,10 @@ class Trainer:
         self.timing = Timing()
         self.last_eval: EvalResult | None = None
         precision = cfg.train.precision
-        self.autocast = torch.autocast(
-            self.device.type, dtype=AUTOCAST_DTYPES.get(precision, torch.float32), enabled=precision != "fp32"
+        # fp32 needs no autocast context at all: entering a disabled one still costs every step.
+        self.autocast: AbstractContextManager[Any] = (
+            torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[precision]) if precision in AUTOCAST_DTYPES
+            else nullcontext()
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         accum = cfg.train.grad_accum
@@ -178,13 +180,14 @@ class Trainer:
         while not self._done():
             epoch = self.position.epoch
             start = self.position.batch_in_epoch
-            counts = [b.global_count for b in self.train_loader.plan.batches(epoch, start)]
-            window_totals = _window_totals(counts, start, self.cfg.train.grad_accum)
+            # Planned once, before the clock starts: the loader and the window totals share it.
+            planned = self.train_loader.plan.batches(epoch, start)
+            window_totals = _window_totals([b.global_count for b in planned], start, self.cfg.train.grad_accum)
             epoch_clock = TrainClock(self.device)
             epoch_clock.start()
             clock.start()
             wait_started = time.perf_counter()
-            for offset, batch in enumerate(self.train_loader.epoch(epoch, start)):
+            for offset, batch in enumerate(self.train_loader.epoch(epoch, start, planned)):
                 data_wait = time.perf_counter() - wait_started
                 window.data_wait += data_wait
                 if timed:
@@ -204,6 +207,7 @@ class Trainer:
                 if timed:
                     self.timing.timed_steps += 1
                 if step == warm_at and not timed:
+                    barrier(self.runtime)  # every rank's clock starts together, none counts a wait
                     clock.reset()
                     timed = True
                 if step % cfg.log_every == 0 or step == self.total_steps:
@@ -247,10 +251,8 @@ class Trainer:
             loss_sum = losses.sum() if full else (losses * batch.weights).sum()
             loss = loss_sum * (self.runtime.world_size / window_total)
             self.scaler.scale(loss).backward()
-        hits = correct(output.detach(), batch.y, self.task)
-        if hits is not None:
-            hits = hits.sum() if full else (hits * batch.weights).sum()
-        window.add(loss_sum.detach(), hits, batch.real_count)
+        predicted = output.detach().argmax(dim=1) if self.task == "classification" else None
+        window.add(loss_sum.detach(), predicted, batch.y, None if full else batch.weights, batch.real_count)
 
     def _optimizer_step(self) -> None:
         clip = self.cfg.optim.grad_clip
@@ -323,21 +325,31 @@ class _Window:
 
     def restart(self) -> None:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.hits = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.predictions: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         self.count = 0
         self.steps = 0
         self.data_wait = 0.0
-        self.has_accuracy = False
         self.started = time.perf_counter()
         self.excluded_seconds = 0.0
 
-    def add(self, loss_sum: torch.Tensor, hits: torch.Tensor | None, real_count: int) -> None:
-        """One micro-batch's summed loss and correct predictions (device scalars) and its size."""
+    def add(self, loss_sum: torch.Tensor, predicted: torch.Tensor | None, target: torch.Tensor,
+            weights: torch.Tensor | None, real_count: int) -> None:
+        """One micro-batch: its summed loss, predicted classes, padding weights (None: none) and size.
+
+        Predictions are only kept here and compared with the targets at the log point, in one
+        go: per step that is one device operation instead of three.
+        """
         self.loss_sum = self.loss_sum + loss_sum
-        if hits is not None:
-            self.hits = self.hits + hits
-            self.has_accuracy = True
+        if predicted is not None:
+            self.predictions.append((predicted, target, weights))
         self.count += real_count  # known on the host: no device work for it
+
+    def _hits(self) -> torch.Tensor:
+        hits = torch.zeros((), dtype=torch.float64, device=self.device)
+        for predicted, target, weights in self.predictions:
+            right = (predicted == target).to(torch.float64)
+            hits = hits + (right.sum() if weights is None else (right * weights).sum())
+        return hits
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started - self.excluded_seconds
@@ -353,13 +365,13 @@ class _Window:
 
     def reduce(self, distributed: bool) -> tuple[float, float | None, int]:
         """Mean loss, accuracy and sample count of the window over all ranks (one all-reduce)."""
-        totals = torch.stack((self.loss_sum, self.hits, torch.tensor(float(self.count), dtype=torch.float64,
-                                                                       device=self.device)))
+        totals = torch.stack((self.loss_sum, self._hits(), torch.tensor(float(self.count), dtype=torch.float64,
+                                                                         device=self.device)))
         if distributed:
             dist.all_reduce(totals)
         loss_sum, hits, count = totals.tolist()
         count = max(count, 1.0)
-        return loss_sum / count, (hits / count if self.has_accuracy else None), int(count)
+        return loss_sum / count, (hits / count if self.predictions else None), int(count)
 
 
 def _window_totals(counts: list[int], start: int, accum: int) -> list[int]:
