@@ -14,8 +14,6 @@ are written out here, not read from the preset, so a wrong preset value fails th
 
 from __future__ import annotations
 
-import difflib
-import os
 import re
 import shutil
 import subprocess
@@ -23,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
+import golden_files
 from nodescale.launch.presets import builtin_presets, load_preset
 from nodescale.launch.render_pbs import render_pbs
 from nodescale.launch.render_slurm import render_slurm
 from nodescale.launch.spec import JobSpec, Preset
 
-GOLDEN = Path(__file__).resolve().parent / "golden" / "presets"
-UPDATE = os.environ.get("NODESCALE_UPDATE_GOLDEN") == "1"
+GOLDEN = golden_files.GOLDEN_ROOT / "presets"
 MODES = ("torchrun", "per-gpu", "spawn")
 PRESETS = ("derecho", "generic-pbs", "generic-slurm", "hipergator", "lumi", "mahti", "puhti")
 CASES = [(name, mode) for name in PRESETS for mode in MODES]
@@ -74,20 +72,8 @@ def script_of(name: str, mode: str) -> str:
 
 
 def check_golden(name: str, text: str) -> None:
-    """Compare ``text`` with tests/golden/presets/NAME.sh, or rewrite it with NODESCALE_UPDATE_GOLDEN=1."""
-    path = GOLDEN / f"{name}.sh"
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
-    hint = "if this change is intended, rerun with NODESCALE_UPDATE_GOLDEN=1 and review the diff"
-    if not path.exists():
-        pytest.fail(f"golden file {path} does not exist; {hint}", pytrace=False)
-    expected = path.read_text()
-    if text != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(keepends=True), text.splitlines(keepends=True),
-                                            f"golden/presets/{path.name}", "rendered"))
-        pytest.fail(f"the rendered script differs from golden/presets/{path.name}:\n{diff}\n{hint}", pytrace=False)
+    """Compare ``text`` with tests/golden/presets/NAME.sh (see golden_files)."""
+    golden_files.check_golden(GOLDEN / f"{name}.sh", text)
 
 
 def test_every_builtin_preset_is_covered() -> None:

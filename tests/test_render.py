@@ -12,7 +12,6 @@ per-node and per-task launches also run under the real ``mpiexec`` on one node.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 
+import golden_files
 from nodescale.dist.env import port_for_job
 from nodescale.errors import UserError
 from nodescale.launch import shell
@@ -32,8 +32,7 @@ from nodescale.launch.render_pbs import render_pbs, walltime
 from nodescale.launch.render_slurm import render_slurm
 from nodescale.launch.spec import Container, JobSpec, Preset
 
-GOLDEN = Path(__file__).resolve().parent / "golden" / "launch"
-UPDATE = os.environ.get("NODESCALE_UPDATE_GOLDEN") == "1"
+GOLDEN = golden_files.GOLDEN_ROOT / "launch"
 MODES = ("torchrun", "per-gpu", "spawn")
 
 # --- presets, one per kind of cluster the seeds use -------------------------------------------
@@ -94,20 +93,8 @@ CASES = [(name, mode) for name in PRESETS for mode in MODES]
 
 
 def check_golden(name: str, text: str) -> None:
-    """Compare ``text`` with tests/golden/launch/NAME.sh, or rewrite it with NODESCALE_UPDATE_GOLDEN=1."""
-    path = GOLDEN / f"{name}.sh"
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
-    hint = "if this change is intended, rerun with NODESCALE_UPDATE_GOLDEN=1 and review the diff"
-    if not path.exists():
-        pytest.fail(f"golden file {path} does not exist; {hint}")
-    expected = path.read_text()
-    if text != expected:
-        diff = "".join(difflib.unified_diff(
-            expected.splitlines(keepends=True), text.splitlines(keepends=True), f"golden/{path.name}", "rendered"))
-        pytest.fail(f"the rendered script differs from golden/{path.name}:\n{diff}\n{hint}")
+    """Compare ``text`` with tests/golden/launch/NAME.sh (see golden_files)."""
+    golden_files.check_golden(GOLDEN / f"{name}.sh", text)
 
 
 @pytest.mark.parametrize(("preset", "mode"), CASES)
