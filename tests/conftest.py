@@ -14,6 +14,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The scheduler fixtures (one Slurm cluster for the whole session, pbs_run) are registered
+# once here; test modules that imported them each started a cluster of their own.
+pytest_plugins = ["scheduler_fixtures"]
+
 
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)

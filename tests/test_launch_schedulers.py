@@ -21,7 +21,7 @@ import pytest
 
 from conftest import read_summary, run_cli
 from nodescale.dist.env import port_for_job
-from scheduler_fixtures import SlurmCluster, pbs_run, processes_with, search_path, slurm_cluster  # noqa: F401 (fixtures)
+from scheduler_fixtures import SlurmCluster, processes_with, search_path
 
 pytestmark = pytest.mark.multiproc
 
