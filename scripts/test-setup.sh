@@ -7,6 +7,10 @@
 #    goes on: those tests then skip (or fail where CI is set).
 # 2. nodescale itself, editable, with its test extras; constraints.txt pins torch so pip never
 #    swaps it for a CUDA build.
+# 3. The frameworks whose users' scripts tests/test_launch_frameworks.py launches: Lightning and
+#    Accelerate (wheels; pip only checks them when present), and DeepSpeed, which is an sdist:
+#    built without build isolation (an isolated build could fetch a CUDA torch), and only when
+#    `import deepspeed` fails, since pip would otherwise look it up again on every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,3 +46,9 @@ else
 fi
 
 python -m pip install -c constraints.txt -e ".[test]"
+python -m pip install -c constraints.txt lightning accelerate
+if python -c "import deepspeed" >/dev/null 2>&1; then
+    echo "test-setup: deepspeed present"
+else
+    python -m pip install -c constraints.txt --no-build-isolation deepspeed
+fi

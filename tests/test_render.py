@@ -282,8 +282,9 @@ def test_port_function_matches_port_for_job() -> None:
 
 RECORDER = """\
 import json, os, sys
-WATCH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RUN_NOTE",
-         "NCCL_DEBUG", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "IN_CONTAINER")
+WATCH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
+         "MASTER_PORT", "RUN_NOTE", "NCCL_DEBUG", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+         "IN_CONTAINER")
 def record(name=None):
     entry = {"prog": name or os.path.basename(sys.argv[0]), "argv": sys.argv[1:], "cwd": os.getcwd(),
              "env": {k: os.environ[k] for k in WATCH if k in os.environ}}
@@ -528,11 +529,12 @@ def check_torchrun_runs(runs: list[dict[str, Any]], spec: JobSpec, job_id: str) 
 
 def check_ranks(runs: list[dict[str, Any]], spec: JobSpec) -> None:
     """torchrun's variables, one task per process, in rank order."""
-    got = [{k: r["env"][k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} for r in runs]
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
+    got = [{k: r["env"].get(k) for k in keys} for r in runs]
     per_node = spec.nproc_per_node
     assert got == [
         {"RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "WORLD_SIZE": str(spec.world_size),
-         "LOCAL_WORLD_SIZE": str(per_node)}
+         "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(rank // per_node), "NODE_RANK": str(rank // per_node)}
         for rank in range(spec.world_size)
     ]
 

@@ -153,7 +153,9 @@ def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[st
         name = "nodescale-node"
     else:
         launcher = mpiexec_words(spec, preset, nodes * nproc, nproc, env_names)
-        script = shell.per_task_script(_RANK, _LOCAL_RANK, str(nodes * nproc), nproc)
+        # PALS names the node; MPICH and Open MPI place ranks in blocks of nproc per node.
+        script = shell.per_task_script(_RANK, _LOCAL_RANK, str(nodes * nproc), nproc,
+                                       f"${{PALS_NODEID:-$(( RANK / {nproc} ))}}")
         comment = ["# per-gpu mode: one MPI rank per process, given torchrun's variables from the MPI ones."]
         name = "nodescale-task"
     comment += [*why, shell.ARGS_COMMENT]

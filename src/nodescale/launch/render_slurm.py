@@ -133,7 +133,8 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
         name = "nodescale-node"
     else:
         launcher = ["srun", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.nproc_per_node}", *options]
-        script = shell.per_task_script("$SLURM_PROCID", "$SLURM_LOCALID", "$SLURM_NTASKS", spec.nproc_per_node)
+        script = shell.per_task_script("$SLURM_PROCID", "$SLURM_LOCALID", "$SLURM_NTASKS", spec.nproc_per_node,
+                                       "$SLURM_NODEID")
         comment = ["# per-gpu mode: one Slurm task per process, given torchrun's variables from Slurm's."]
         name = "nodescale-task"
     comment += [*why, shell.ARGS_COMMENT]

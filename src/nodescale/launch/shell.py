@@ -272,15 +272,20 @@ def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: s
     ]
 
 
-def per_task_script(rank: str, local_rank: str, world_size: str, local_world_size: int) -> list[str]:
+def per_task_script(rank: str, local_rank: str, world_size: str, local_world_size: int,
+                    node_rank: str) -> list[str]:
     """The per-task script of per-gpu mode: torchrun's variables from the scheduler's, then the command.
 
-    The arguments are shell expressions evaluated in each task.
+    The arguments are shell expressions evaluated in each task. GROUP_RANK and NODE_RANK carry
+    the node's index: frameworks that read torchrun's variables (Lightning outside its Slurm
+    detection, say) otherwise take every task for node 0.
     """
     return [
         f"export RANK={rank}",
         f"export LOCAL_RANK={local_rank}",
         f"export WORLD_SIZE={world_size} LOCAL_WORLD_SIZE={local_world_size}",
+        f"export GROUP_RANK={node_rank}",
+        "export NODE_RANK=$GROUP_RANK",
         'exec "$@"',
     ]
 

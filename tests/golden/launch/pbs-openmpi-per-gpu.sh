@@ -65,6 +65,8 @@ mpiexec -n 8 --hostfile "$PBS_NODEFILE" --map-by ppr:4:node --bind-to none -x PA
         export RANK=${PALS_RANKID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}
         export LOCAL_RANK=${PALS_LOCAL_RANKID:-${MPI_LOCALRANKID:-${OMPI_COMM_WORLD_LOCAL_RANK:?mpiexec set no local rank variable}}}
         export WORLD_SIZE=8 LOCAL_WORLD_SIZE=4
+        export GROUP_RANK=${PALS_NODEID:-$(( RANK / 4 ))}
+        export NODE_RANK=$GROUP_RANK
         exec "$@"
     ' \
     nodescale-task nodescale train --config /home/user/project/resnet.yaml --set epochs=3

@@ -74,6 +74,8 @@ srun --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --cpu-bind=mask_cpu:0xfe000
         export RANK=$SLURM_PROCID
         export LOCAL_RANK=$SLURM_LOCALID
         export WORLD_SIZE=$SLURM_NTASKS LOCAL_WORLD_SIZE=8
+        export GROUP_RANK=$SLURM_NODEID
+        export NODE_RANK=$GROUP_RANK
         exec "$@"
     ' \
     nodescale-task nodescale train --config /home/user/project/resnet.yaml --set epochs=3

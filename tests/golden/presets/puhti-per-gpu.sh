@@ -68,6 +68,8 @@ srun --nodes=2 --ntasks-per-node=4 --cpus-per-task=10 --kill-on-bad-exit=1 \
         export RANK=$SLURM_PROCID
         export LOCAL_RANK=$SLURM_LOCALID
         export WORLD_SIZE=$SLURM_NTASKS LOCAL_WORLD_SIZE=4
+        export GROUP_RANK=$SLURM_NODEID
+        export NODE_RANK=$GROUP_RANK
         exec "$@"
     ' \
     nodescale-task nodescale train --model resnet50
