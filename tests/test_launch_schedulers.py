@@ -141,6 +141,42 @@ def test_slurm_per_gpu_mode_user_script(slurm: SlurmCluster, tmp_path: Path) -> 
         assert rank["CUDA_VISIBLE_DEVICES"] == "0"  # Slurm allocated the node's (fake) GPU
 
 
+SPAWNER = """\
+import json, os
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def work(rank, world):
+    # The tutorial seed's pattern: the script starts its processes and meets them at
+    # MASTER_ADDR:MASTER_PORT, which the job script exported.
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    value = torch.tensor([rank + 1.0])
+    dist.all_reduce(value)
+    line = "SPAWN " + json.dumps({"rank": rank, "world": dist.get_world_size(), "sum": value.item(),
+                                  "addr": os.environ["MASTER_ADDR"]}) + "\\n"
+    os.write(1, line.encode())  # one write: the two processes share the log
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(2,), nprocs=2)
+"""
+
+
+def test_slurm_spawn_mode_runs_the_command_once(slurm: SlurmCluster, tmp_path: Path) -> None:
+    (tmp_path / "spawner.py").write_text(SPAWNER)
+    result = launch_slurm(tmp_path, "--nodes", "1", "--gpus-per-node", "0", "--nproc-per-node", "2",
+                          "--mode", "spawn", command=[sys.executable, "spawner.py"])
+    job_id, script, log = submitted(result.stdout)
+    assert "srun --nodes=1 --ntasks=1" in script.read_text()
+    ranks = tagged_json(finish(slurm, job_id, log), "SPAWN")
+    assert sorted(rank["rank"] for rank in ranks) == [0, 1], ranks  # two processes, both from one command
+    assert all(rank["world"] == 2 and rank["sum"] == 3.0 and rank["addr"] == "127.0.0.1" for rank in ranks)
+
+
 def test_slurm_cancel_stops_every_process(slurm: SlurmCluster, tmp_path: Path) -> None:
     marker = f"nodescale-cancel-{uuid.uuid4().hex}"
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)", marker]
