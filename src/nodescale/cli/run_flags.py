@@ -30,6 +30,7 @@ FLAGS = (
     Flag("--strategy", "strategy.name"),
     Flag("--nproc", "strategy.nproc"),
     Flag("--backend", "strategy.backend"),
+    Flag("--sharding", "strategy.sharding"),
     Flag("--epochs", "train.epochs"),
     Flag("--max-steps", "train.max_steps"),
     Flag("--batch-size", "train.batch_size"),

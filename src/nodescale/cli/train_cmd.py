@@ -23,8 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def local_process_count(cfg: RunConfig) -> int:
-    """How many local processes ``--nproc`` means: auto is one per GPU, or 2 on CPU for DDP."""
-    if cfg.strategy.name != "ddp":
+    """How many local processes ``--nproc`` means: auto is one per GPU, or 2 on CPU (DDP, FSDP)."""
+    if cfg.strategy.name not in ("ddp", "fsdp"):
         return 1
     if cfg.strategy.nproc != "auto":
         return int(cfg.strategy.nproc)

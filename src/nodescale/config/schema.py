@@ -20,7 +20,7 @@ from nodescale.data.registry import DATASETS
 from nodescale.errors import UserError, unknown_choice
 from nodescale.models.registry import MODELS
 
-STRATEGIES = ("single", "dp", "ddp")
+STRATEGIES = ("single", "dp", "ddp", "fsdp")
 
 
 class Section(BaseModel):
@@ -96,7 +96,7 @@ class TrainSection(Section):
 
 
 class StrategySection(Section):
-    name: str = Field("ddp", description="parallel strategy: single, dp or ddp")
+    name: str = Field("ddp", description="parallel strategy: single, dp, ddp or fsdp")
     nproc: int | Literal["auto"] = Field(
         "auto", description="local processes to start; auto: one per GPU, or 2 on a CPU-only machine"
     )
@@ -109,6 +109,10 @@ class StrategySection(Section):
     static_graph: bool = Field(False, description="DDP static_graph (the same parameters used every step)")
     gradient_as_bucket_view: bool = Field(True, description="DDP gradients as views into buckets (saves memory)")
     find_unused_parameters: bool = Field(False, description="DDP: allow parameters without gradients")
+    sharding: Literal["full", "grad-op", "hybrid", "none"] = Field(
+        "full", description="FSDP sharding: full (reshard after forward), grad-op (keep parameters gathered until "
+        "backward), hybrid (shard within a node, replicate across nodes), none (replicate)"
+    )
 
     @field_validator("name")
     @classmethod
@@ -164,11 +168,23 @@ def check_combinations(cfg: RunConfig) -> None:
             f"{strategy.name} runs in one process",
             "use --strategy ddp for several processes",
         )
-    if strategy.sync_batchnorm and strategy.name != "ddp":
+    if strategy.sync_batchnorm and strategy.name not in ("ddp", "fsdp"):
         raise UserError(
             f"sync_batchnorm with strategy {strategy.name!r}",
             "synchronised BatchNorm needs several processes",
-            "use --strategy ddp, or drop --sync-batchnorm",
+            "use --strategy ddp or fsdp, or drop --sync-batchnorm",
+        )
+    if strategy.sharding != "full" and strategy.name != "fsdp":
+        raise UserError(
+            f"sharding {strategy.sharding!r} with strategy {strategy.name!r}",
+            "--sharding applies to --strategy fsdp",
+            "use --strategy fsdp, or drop --sharding",
+        )
+    if cfg.train.precision == "fp16" and strategy.name == "fsdp":
+        raise UserError(
+            "precision 'fp16' with strategy 'fsdp'",
+            "not supported yet (fp16 needs a gradient scaler for sharded gradients)",
+            "use --precision bf16 (no scaler needed), or --strategy ddp",
         )
     model_task = MODELS[cfg.model.name].task
     data_task = DATASETS[cfg.data.name].task

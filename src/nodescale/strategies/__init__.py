@@ -7,8 +7,8 @@ from nodescale.errors import unknown_choice
 from nodescale.strategies.base import Strategy
 
 
-def make_strategy(cfg: StrategySection) -> Strategy:
-    """The strategy object for ``cfg.name``."""
+def make_strategy(cfg: StrategySection, precision: str = "fp32") -> Strategy:
+    """The strategy object for ``cfg.name`` (``precision``: the run's, for FSDP's mixed-precision policy)."""
     if cfg.name == "single":
         from nodescale.strategies.single import SingleDevice
         return SingleDevice()
@@ -18,4 +18,7 @@ def make_strategy(cfg: StrategySection) -> Strategy:
     if cfg.name == "ddp":
         from nodescale.strategies.ddp import DDPStrategy
         return DDPStrategy(cfg)
-    raise unknown_choice("strategy", cfg.name, ("single", "dp", "ddp"))
+    if cfg.name == "fsdp":
+        from nodescale.strategies.fsdp import FSDPStrategy
+        return FSDPStrategy(cfg, precision)
+    raise unknown_choice("strategy", cfg.name, ("single", "dp", "ddp", "fsdp"))

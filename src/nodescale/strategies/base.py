@@ -7,8 +7,9 @@ small module holding one class that satisfies this protocol.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 from nodescale.dist.process_group import Runtime
@@ -26,3 +27,12 @@ class Strategy(Protocol):
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
         """Skip gradient synchronisation (micro-batches before the last of an accumulation)."""
+
+    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """``{"model": ..., "optimizer": ...}`` of the plain model, as ``state_dict()`` gives them.
+
+        A collective for sharded strategies (every rank calls it); only rank 0's result is complete.
+        """
+
+    def load_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Load what :meth:`state_dict` gave (on any world size) into ``model`` and ``optimizer``."""

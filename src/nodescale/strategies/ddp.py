@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from typing import Any
 
+import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -41,3 +43,10 @@ class DDPStrategy:
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
         return model.no_sync()
+
+    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return {"model": self.unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
+
+    def load_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        self.unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])

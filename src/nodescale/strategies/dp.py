@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,3 +37,10 @@ class DataParallelStrategy:
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
         return nullcontext()
+
+    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return {"model": self.unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
+
+    def load_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        self.unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])

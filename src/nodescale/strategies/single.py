@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
+import torch
 from torch import nn
 
 from nodescale.dist.process_group import Runtime
@@ -21,3 +23,10 @@ class SingleDevice:
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
         return nullcontext()
+
+    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return {"model": self.unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
+
+    def load_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        self.unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])

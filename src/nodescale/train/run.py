@@ -38,7 +38,7 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
     """Train as one rank of the job described by ``env`` (detected if omitted); return the summary."""
     started = time.perf_counter()
     env = env or detect()
-    strategy = make_strategy(cfg.strategy)
+    strategy = make_strategy(cfg.strategy, cfg.train.precision)
     if env.world_size > 1 and not strategy.needs_process_group:
         raise UserError(
             f"strategy {cfg.strategy.name!r} under a launcher that started {env.world_size} processes ({env.source})",

@@ -118,8 +118,7 @@ class Trainer:
             rngs = [None] * self.runtime.world_size
             dist.all_gather_object(rngs, rng)
         return {
-            "model": self.strategy.unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **self.strategy.state_dict(self.model, self.optimizer),  # a collective for sharded strategies
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "position": self.position.as_dict(),
@@ -130,8 +129,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.strategy.unwrap(self.model).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.strategy.load_state_dict(self.model, self.optimizer, state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.position = Position(**state["position"])
