@@ -36,3 +36,14 @@ class Strategy(Protocol):
 
     def load_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """Load what :meth:`state_dict` gave (on any world size) into ``model`` and ``optimizer``."""
+
+
+def replicated_state_dict(plain: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The state of a model every rank holds whole (single, dp, ddp): its plain ``state_dict()``s."""
+    return {"model": plain.state_dict(), "optimizer": optimizer.state_dict()}
+
+
+def load_replicated_state_dict(plain: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load what :func:`replicated_state_dict` gave into a model every rank holds whole."""
+    plain.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])

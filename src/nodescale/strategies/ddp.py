@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 from nodescale.config.schema import StrategySection
 from nodescale.dist.process_group import Runtime
 from nodescale.dist.sync_batchnorm import convert_sync_batchnorm
+from nodescale.strategies.base import load_replicated_state_dict, replicated_state_dict
 
 
 class DDPStrategy:
@@ -45,8 +46,7 @@ class DDPStrategy:
         return model.no_sync()
 
     def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        return {"model": self.unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
+        return replicated_state_dict(self.unwrap(model), optimizer)
 
     def load_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        self.unwrap(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        load_replicated_state_dict(self.unwrap(model), optimizer, state)

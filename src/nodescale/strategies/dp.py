@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from nodescale.dist.process_group import Runtime
+from nodescale.strategies.base import load_replicated_state_dict, replicated_state_dict
 
 
 class DataParallelStrategy:
@@ -39,8 +40,7 @@ class DataParallelStrategy:
         return nullcontext()
 
     def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        return {"model": self.unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
+        return replicated_state_dict(self.unwrap(model), optimizer)
 
     def load_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        self.unwrap(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        load_replicated_state_dict(self.unwrap(model), optimizer, state)
