@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -299,17 +299,8 @@ def run_pbs_job(script_path: Path, nodes: int | Sequence[str] = 2, *, scratch: P
             "PMIX_MCA_gds": "hash",
         })
 
-    process = subprocess.Popen(["/bin/bash", str(script_path)], cwd=scratch / "home", env=job_env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"PBS job {script_path} ran past {timeout:.0f} s (killed)\n{output}", pytrace=False)
-    finally:
-        # Anything mpiexec left behind carries the job id in its environment, as PBS would track it.
-        _kill_leftovers(f"PBS_JOBID={job_id}")
+    returncode, output = run_job_script(["/bin/bash", str(script_path)], scratch / "home", job_env, job_id,
+                                        timeout, f"PBS job {script_path}")
 
     output_file = None
     target = re.search(r"^#PBS -o (\S+/)$", text, re.M)
@@ -318,7 +309,27 @@ def run_pbs_job(script_path: Path, nodes: int | Sequence[str] = 2, *, scratch: P
         output_file.parent.mkdir(parents=True, exist_ok=True)
         output_file.write_text(output)
     daemons = daemon_log.read_text().split() if daemon_log.exists() else []
-    return PbsResult(process.returncode, output, job_id, scratch / "home", output_file, daemons)
+    return PbsResult(returncode, output, job_id, scratch / "home", output_file, daemons)
+
+
+def run_job_script(argv: Sequence[str], cwd: Path, env: Mapping[str, str], job_id: str, timeout: float,
+                   what: str) -> tuple[int, str]:
+    """Run a job script as the head node would: exit code and output, killed past ``timeout``.
+
+    Whatever the job left behind (mpiexec daemons, remote proxies) carries PBS_JOBID in its
+    environment, as PBS would track it, and is killed afterwards in any case.
+    """
+    process = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"{what} ran past {timeout:.0f} s (killed)\n{output}", pytrace=False)
+    finally:
+        _kill_leftovers(f"PBS_JOBID={job_id}")
+    return process.returncode, output
 
 
 def _kill_leftovers(marker: str) -> None:

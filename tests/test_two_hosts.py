@@ -31,7 +31,6 @@ import os
 import random
 import re
 import shlex
-import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -42,7 +41,7 @@ import pytest
 
 from conftest import read_summary, run_cli
 from nodescale.dist.env import port_for_job
-from scheduler_fixtures import MPIEXEC, _kill_leftovers, _pbs_environment, require, search_path
+from scheduler_fixtures import MPIEXEC, _pbs_environment, require, run_job_script, search_path
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -212,18 +211,9 @@ def run_in_namespaces(script: Path, hosts: list[Host], scratch: Path, workdir: P
         program.chmod(0o755)
     env.update({"HYDRA_LAUNCHER": "ssh", "HYDRA_LAUNCHER_EXEC": str(agent)})
 
-    process = subprocess.Popen(["nsenter", f"--net={hosts[0].netns_path}", "/bin/bash", str(script)],
-                               cwd=scratch / "home", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=JOB_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"the two-host PBS job ran past {JOB_TIMEOUT} s (killed)\n{output}", pytrace=False)
-    finally:
-        # The remote proxy is in no process group of ours; it carries the job id, as PBS tracks it.
-        _kill_leftovers(f"PBS_JOBID={job_id}")
+    # The batch script runs in the first host's namespace, as PBS runs it on the head node.
+    returncode, output = run_job_script(["nsenter", f"--net={hosts[0].netns_path}", "/bin/bash", str(script)],
+                                        scratch / "home", env, job_id, JOB_TIMEOUT, "the two-host PBS job")
 
     launched_log = log_dir / "launched"
     launched = launched_log.read_text().splitlines() if launched_log.exists() else []
@@ -231,7 +221,7 @@ def run_in_namespaces(script: Path, hosts: list[Host], scratch: Path, workdir: P
     for record in sorted(log_dir.glob("torchrun.*")):
         inode, *argv = record.read_text().splitlines()
         torchruns[int(inode)] = argv
-    return Job(process.returncode, output, job_id, launched, torchruns)
+    return Job(returncode, output, job_id, launched, torchruns)
 
 
 def dry_run_script(cwd: Path) -> Path:
