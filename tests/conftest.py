@@ -49,11 +49,10 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    """The model state of the newest checkpoint of a run."""
-    from nodescale.train.checkpoint import list_checkpoints
+    """The model state of the newest checkpoint of a run (a full file or a sharded directory)."""
+    from nodescale.train.export import consolidated_model_state, resolve
 
-    _, path = list_checkpoints(run_dir)[-1]
-    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+    return consolidated_model_state(resolve(run_dir))
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -6,13 +6,16 @@ started by torchrun (and one through nodescale's own --nproc launcher).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from conftest import cli_env, final_weights, max_difference, read_summary, run_cli
 
@@ -65,45 +68,118 @@ def test_fsdp_vit_ends_with_the_weights_of_ddp(equivalence_runs: dict[str, Path]
     assert max_difference(fsdp, final_weights(equivalence_runs["vit-ddp"])) < TOLERANCE
 
 
+def test_sharding_divides_the_training_state_per_rank(equivalence_runs: dict[str, Path]) -> None:
+    """Parameters + gradients + optimiser state: about half of DDP's with full sharding on 2 ranks."""
+    def state_bytes(name: str) -> dict[str, int]:
+        return read_summary(equivalence_runs[name])["state_bytes_per_rank"]
+
+    for model in ("cnn", "vit"):
+        ddp, full = state_bytes(f"{model}-ddp"), state_bytes(f"{model}-full")
+        for kind in ("parameter_bytes", "gradient_bytes", "optimizer_bytes"):
+            # Each shard is padded to an even split: a little over half, never near the whole.
+            assert 0.45 * ddp[kind] < full[kind] < 0.55 * ddp[kind], (model, kind, ddp, full)
+    replicated = state_bytes("cnn-none")
+    assert replicated["total_bytes"] == state_bytes("cnn-ddp")["total_bytes"]  # none: every rank holds it all
+
+
+ARGS = ["train", "--strategy", "fsdp", "--max-steps", "8", "--batch-size", "16", "--grad-accum", "2",
+        "--set", "optim.grad_clip=1.0", "--checkpoint-every", "4", "--keep-last", "5", "--no-progress"]
+
+
 @pytest.fixture(scope="module")
-def saved_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
-    """FSDP on 2 ranks, AdamW, accumulation and clipping, checkpoints at steps 4 and 8."""
+def saved_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """FSDP on 2 ranks, AdamW, accumulation and clipping, checkpoints at steps 4 and 8: sharded and full."""
     root = tmp_path_factory.mktemp("fsdp-resume")
-    args = ["train", "--strategy", "fsdp", "--max-steps", "8", "--batch-size", "16", "--grad-accum", "2",
-            "--set", "optim.grad_clip=1.0", "--checkpoint-every", "4", "--keep-last", "5", "--no-progress"]
-    torchrun(2, [*args, "--out", str(root / "saved")], cwd=root)
-    return root / "saved", args
+    torchrun(2, [*ARGS, "--out", str(root / "sharded")], cwd=root)
+    torchrun(2, [*ARGS, "--checkpoint-format", "full", "--out", str(root / "full")], cwd=root)
+    return {"sharded": root / "sharded", "full": root / "full"}
 
 
-def test_the_fsdp_checkpoint_is_a_plain_full_state_dict(saved_run: tuple[Path, list[str]]) -> None:
+def test_every_rank_writes_its_shard_of_the_checkpoint(saved_runs: dict[str, Path]) -> None:
     from nodescale.train.checkpoint import list_checkpoints
 
-    run_dir, _ = saved_run
-    (_, path), _ = list_checkpoints(run_dir)
+    (step, path), _ = list_checkpoints(saved_runs["sharded"])
+    assert step == 4 and path.is_dir()
+    assert sorted(f.name for f in path.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "trainer.pt"]
+    sizes = [(path / f"__{rank}_0.distcp").stat().st_size for rank in (0, 1)]
+    assert min(sizes) > 0.3 * max(sizes), sizes  # each holds its share, not one rank everything
+    trainer_state = torch.load(path / "trainer.pt", weights_only=True)
+    assert "model" not in trainer_state and "optimizer" not in trainer_state
+    assert trainer_state["layout"] == "torch-dcp" and trainer_state["position"]["global_step"] == 4
+    assert not list(path.parent.glob("*.partial"))
+
+
+def test_the_full_checkpoint_is_a_plain_state_dict(saved_runs: dict[str, Path]) -> None:
+    from nodescale.train.checkpoint import list_checkpoints
+
+    (_, path), _ = list_checkpoints(saved_runs["full"])
     state = torch.load(path, map_location="cpu", weights_only=True)
     assert state["position"]["global_step"] == 4 and state["world_size"] == 2
     model_state = state["model"]
     assert all(type(t) is torch.Tensor for t in model_state.values()), "no DTensors in a full state dict"
     assert not any("_fsdp" in k or "_orig_mod" in k or k.startswith("module.") for k in model_state)
-    # The same keys and shapes as the plain model's, and it loads into one.
+    model = plain_model(state["config"])
+    model.load_state_dict(model_state)  # strict: every key, no extra
+    optim = state["optimizer"]
+    assert sorted(optim["state"]) == list(range(len(list(model.parameters()))))
+    assert "exp_avg" in optim["state"][0]
+
+
+def plain_model(config: dict[str, Any]) -> torch.nn.Module:
+    """The run's model, built from its saved configuration, with no process group."""
     from nodescale.config.schema import RunConfig
     from nodescale.data.registry import get_format
     from nodescale.models.registry import build_model
 
-    cfg = RunConfig.model_validate(state["config"])
-    plain = build_model(cfg.model, get_format(cfg.data.name).load(cfg.data, cfg.train.seed).spec)
-    plain.load_state_dict(model_state)  # strict: every key, no extra
-    optim = state["optimizer"]
-    assert sorted(optim["state"]) == list(range(len(list(plain.parameters()))))
-    assert "exp_avg" in optim["state"][0]
+    cfg = RunConfig.model_validate(config)
+    return build_model(cfg.model, get_format(cfg.data.name).load(cfg.data, cfg.train.seed).spec)
+
+
+def test_sharded_and_full_checkpoints_hold_the_same_weights(saved_runs: dict[str, Path]) -> None:
+    sharded, full = final_weights(saved_runs["sharded"]), final_weights(saved_runs["full"])
+    assert max_difference(sharded, full) == 0.0
+
+
+def test_an_exported_model_predicts_what_the_run_evaluated(saved_runs: dict[str, Path], tmp_path: Path) -> None:
+    run_dir = saved_runs["sharded"]
+    result = run_cli(["checkpoint", "export", str(run_dir), "--out", "model.pt"], cwd=tmp_path)
+    assert "step-00000008" in result.stdout
+    state = torch.load(tmp_path / "model.pt", weights_only=True)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    model = plain_model(config).eval()
+    model.load_state_dict(state)
+    from nodescale.config.schema import RunConfig
+    from nodescale.data.registry import get_format
+
+    cfg = RunConfig.model_validate(config)
+    val = get_format(cfg.data.name).load(cfg.data, cfg.train.seed).val
+    x, y = next(iter(torch.utils.data.DataLoader(val, batch_size=len(val))))
+    with torch.no_grad():
+        accuracy = (model(x).argmax(dim=1) == y).double().mean().item()
+    assert accuracy == pytest.approx(read_summary(run_dir)["val_accuracy"], abs=1.5 / len(val))
+
+
+def test_checkpoint_info_describes_a_sharded_checkpoint(saved_runs: dict[str, Path], tmp_path: Path) -> None:
+    result = run_cli(["checkpoint", "info", str(saved_runs["sharded"]), "--json"], cwd=tmp_path)
+    info = json.loads(result.stdout)
+    assert info["layout"] == "torch-dcp" and info["step"] == 8 and info["world_size"] == 2
+    assert info["strategy"] == "fsdp" and info["model_values"] == sum(
+        t.numel() for t in final_weights(saved_runs["sharded"]).values())
+
+
+def resume_from_step_4(run_dir: Path, tmp_path: Path) -> Path:
+    """A new run directory holding only ``run_dir``'s step-4 checkpoint (and its settings)."""
+    target = tmp_path / "run"
+    (target / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run_dir / "checkpoints" / "step-00000004", target / "checkpoints" / "step-00000004")
+    return target
 
 
 @pytest.mark.parametrize("ranks", [1, 3])
-def test_fsdp_resumes_on_another_world_size(saved_run: tuple[Path, list[str]], ranks: int, tmp_path: Path) -> None:
-    run_dir, args = saved_run
-    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    shutil.copy(run_dir / "checkpoints" / "step-00000004.pt", tmp_path / "run" / "checkpoints")
-    resume = [*args, "--out", "run", "--resume"]
+def test_fsdp_resumes_on_another_world_size(saved_runs: dict[str, Path], ranks: int, tmp_path: Path) -> None:
+    run_dir = saved_runs["sharded"]
+    resume_from_step_4(run_dir, tmp_path)
+    resume = [*ARGS, "--out", "run", "--resume"]
     if ranks == 1:
         result = run_cli([*resume, "--nproc", "1", "--batch-size", "32"], cwd=tmp_path)
     else:
@@ -115,10 +191,32 @@ def test_fsdp_resumes_on_another_world_size(saved_run: tuple[Path, list[str]], r
     assert max_difference(final_weights(tmp_path / "run"), final_weights(run_dir)) < 0.5
 
 
+def test_fsdp_resumed_on_the_same_ranks_ends_as_if_never_stopped(saved_runs: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    run_dir = saved_runs["sharded"]
+    resume_from_step_4(run_dir, tmp_path)
+    torchrun(2, [*ARGS, "--out", "run", "--resume"], cwd=tmp_path)
+    assert max_difference(final_weights(tmp_path / "run"), final_weights(run_dir)) == 0.0
+
+
+def test_ddp_resumes_from_an_fsdp_sharded_checkpoint(saved_runs: dict[str, Path], tmp_path: Path) -> None:
+    run_dir = saved_runs["sharded"]
+    resume_from_step_4(run_dir, tmp_path)
+    args = [*ARGS, "--out", "run", "--resume", "--strategy", "ddp", "--checkpoint-format", "full"]
+    result = run_cli([*args, "--nproc", "2"], cwd=tmp_path)
+    assert "(step 4)" in result.stdout
+    # The same layout and the same arithmetic: DDP continues FSDP's run exactly.
+    assert max_difference(final_weights(tmp_path / "run"), final_weights(run_dir)) < TOLERANCE
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--strategy", "fsdp", "--sharding", "fulll"], "did you mean 'full'"),
     (["--strategy", "ddp", "--sharding", "grad-op"], "--sharding applies to --strategy fsdp"),
     (["--strategy", "fsdp", "--precision", "fp16"], "--precision bf16"),
+    (["--strategy", "fsdp", "--cpu-offload", "optimizer"], "use --cpu-offload all"),
+    (["--strategy", "ddp", "--cpu-offload", "all"], "CPU offload applies to --strategy fsdp or deepspeed"),
+    (["--strategy", "fsdp", "--zero-stage", "3"], "apply to --strategy deepspeed"),
+    (["--strategy", "fsdp", "--checkpoint-format", "shards"], "full"),
 ])
 def test_bad_fsdp_settings_are_refused_before_any_process_starts(args: list[str], message: str,
                                                                  tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import sys
 import warnings
 
 from nodescale import __version__
-from nodescale.cli import config_cmd, jobs_cmd, launch_cmd, list_cmd, train_cmd
+from nodescale.cli import checkpoint_cmd, config_cmd, jobs_cmd, launch_cmd, list_cmd, train_cmd
 from nodescale.errors import EXIT_USER_ERROR, UserError
 
 
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cmd.add_parser(subparsers)
     config_cmd.add_parser(subparsers)
     launch_cmd.add_parser(subparsers)
+    checkpoint_cmd.add_parser(subparsers)
     jobs_cmd.add_parsers(subparsers)
     list_cmd.add_parsers(subparsers)
     return parser

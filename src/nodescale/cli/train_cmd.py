@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 
 from nodescale.cli.run_flags import add_run_flags, resolve_config
-from nodescale.config.schema import RunConfig
+from nodescale.config.schema import MULTI_PROCESS_STRATEGIES, RunConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,8 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def local_process_count(cfg: RunConfig) -> int:
-    """How many local processes ``--nproc`` means: auto is one per GPU, or 2 on CPU (DDP, FSDP)."""
-    if cfg.strategy.name not in ("ddp", "fsdp"):
+    """How many local processes ``--nproc`` means: auto is one per GPU, or 2 on CPU (DDP, FSDP, DeepSpeed)."""
+    if cfg.strategy.name not in MULTI_PROCESS_STRATEGIES:
         return 1
     if cfg.strategy.nproc != "auto":
         return int(cfg.strategy.nproc)

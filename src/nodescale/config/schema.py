@@ -20,7 +20,9 @@ from nodescale.data.registry import DATASETS
 from nodescale.errors import UserError, unknown_choice
 from nodescale.models.registry import MODELS
 
-STRATEGIES = ("single", "dp", "ddp", "fsdp")
+STRATEGIES = ("single", "dp", "ddp", "fsdp", "deepspeed")
+# Strategies that run one process per device and so start --nproc local processes.
+MULTI_PROCESS_STRATEGIES = ("ddp", "fsdp", "deepspeed")
 
 
 class Section(BaseModel):
@@ -93,10 +95,13 @@ class TrainSection(Section):
         5, ge=0, description="optimiser steps excluded from throughput and step-time figures"
     )
     progress: bool = Field(True, description="show a progress bar on rank 0")
+    activation_checkpointing: bool = Field(
+        False, description="recompute each repeated block's activations in backward instead of keeping them"
+    )
 
 
 class StrategySection(Section):
-    name: str = Field("ddp", description="parallel strategy: single, dp, ddp or fsdp")
+    name: str = Field("ddp", description="parallel strategy: single, dp, ddp, fsdp or deepspeed")
     nproc: int | Literal["auto"] = Field(
         "auto", description="local processes to start; auto: one per GPU, or 2 on a CPU-only machine"
     )
@@ -112,6 +117,16 @@ class StrategySection(Section):
     sharding: Literal["full", "grad-op", "hybrid", "none"] = Field(
         "full", description="FSDP sharding: full (reshard after forward), grad-op (keep parameters gathered until "
         "backward), hybrid (shard within a node, replicate across nodes), none (replicate)"
+    )
+    zero_stage: int | None = Field(
+        None, ge=0, le=3, description="DeepSpeed ZeRO stage 0-3; default: the --deepspeed-config file's, else 2"
+    )
+    deepspeed_config: Path | None = Field(
+        None, description="DeepSpeed JSON config (ds_config.json); nodescale fills in what it leaves out"
+    )
+    cpu_offload: Literal["none", "optimizer", "all"] = Field(
+        "none", description="keep state in host memory: optimizer (DeepSpeed: optimiser state) or all (FSDP: "
+        "parameters, gradients and optimiser; DeepSpeed ZeRO-3: optimiser and parameters); needs a GPU"
     )
 
     @field_validator("name")
@@ -139,6 +154,10 @@ class CheckpointSection(Section):
     keep_last: int = Field(2, ge=1, description="checkpoints kept; older ones are deleted")
     at_end: bool = Field(True, description="save a checkpoint when training ends")
     resume: bool = Field(False, description="continue from the newest checkpoint in the run directory")
+    format: Literal["auto", "full", "sharded"] = Field(
+        "auto", description="full: one file gathered on rank 0; sharded: every rank writes its shard into a "
+        "directory; auto: sharded for fsdp and deepspeed, full otherwise"
+    )
 
 
 class RunConfig(Section):
@@ -180,6 +199,35 @@ def check_combinations(cfg: RunConfig) -> None:
             "--sharding applies to --strategy fsdp",
             "use --strategy fsdp, or drop --sharding",
         )
+    deepspeed_only = [name for name, value in (("zero_stage", strategy.zero_stage),
+                                               ("deepspeed_config", strategy.deepspeed_config)) if value is not None]
+    if deepspeed_only and strategy.name != "deepspeed":
+        raise UserError(
+            f"{deepspeed_only[0]} with strategy {strategy.name!r}",
+            "--zero-stage and --deepspeed-config apply to --strategy deepspeed",
+            "use --strategy deepspeed, or drop them (FSDP's --sharding full is ZeRO-3's counterpart)",
+        )
+    if strategy.cpu_offload != "none" and strategy.name not in ("fsdp", "deepspeed"):
+        raise UserError(
+            f"cpu_offload {strategy.cpu_offload!r} with strategy {strategy.name!r}",
+            "CPU offload applies to --strategy fsdp or deepspeed",
+            "use one of them, or drop --cpu-offload",
+        )
+    if strategy.cpu_offload == "optimizer" and strategy.name == "fsdp":
+        raise UserError(
+            "cpu_offload 'optimizer' with strategy 'fsdp'",
+            "FSDP offloads parameters, gradients and optimiser state together",
+            "use --cpu-offload all, or --strategy deepspeed for optimiser-only offload",
+        )
+    if strategy.name == "deepspeed" and cfg.checkpoint.format == "full":
+        raise UserError(
+            "checkpoint format 'full' with strategy 'deepspeed'",
+            "DeepSpeed writes its own sharded checkpoints",
+            "drop --checkpoint-format (nodescale checkpoint export makes one file of the weights)",
+        )
+    if strategy.name == "deepspeed" and cfg.train.compile:
+        raise UserError("compile with strategy 'deepspeed'", "not supported by nodescale's DeepSpeed strategy",
+                        "drop --compile, or use --strategy fsdp or ddp")
     if cfg.train.precision == "fp16" and strategy.name == "fsdp":
         raise UserError(
             "precision 'fp16' with strategy 'fsdp'",

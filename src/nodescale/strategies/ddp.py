@@ -13,9 +13,10 @@ from nodescale.config.schema import StrategySection
 from nodescale.dist.process_group import Runtime
 from nodescale.dist.sync_batchnorm import convert_sync_batchnorm
 from nodescale.strategies.base import load_replicated_state_dict, replicated_state_dict
+from nodescale.strategies.torch_native import TorchNative
 
 
-class DDPStrategy:
+class DDPStrategy(TorchNative):
     name = "ddp"
     needs_process_group = True
 

@@ -16,9 +16,10 @@ from torch import nn
 
 from nodescale.dist.process_group import Runtime
 from nodescale.strategies.base import load_replicated_state_dict, replicated_state_dict
+from nodescale.strategies.torch_native import TorchNative
 
 
-class DataParallelStrategy:
+class DataParallelStrategy(TorchNative):
     name = "dp"
     needs_process_group = False
 

@@ -11,10 +11,11 @@ becomes one FSDP unit, then the root takes the rest. ``sharding`` picks how:
 * ``none``: a 2-D mesh whose shard dimension has size 1: every rank keeps every
   parameter and gradients are all-reduced (replication through FSDP2).
 
-Checkpoints hold full (unsharded) state dicts gathered onto rank 0 through
-``torch.distributed.checkpoint.state_dict``, in the same layout as the other
-strategies' (optimiser state keyed by parameter index), so a run saved here
-resumes on any world size, or with another strategy.
+Checkpoints are sharded by default (``TorchNative.save_sharded``: every rank
+writes its own shards with ``torch.distributed.checkpoint``). ``--checkpoint-format
+full`` gathers full state dicts onto rank 0 instead (``state_dict`` below), in
+the same layout as the other strategies' (optimiser state keyed by parameter
+index). Either resumes on any world size, or with another torch strategy.
 """
 
 from __future__ import annotations
@@ -33,18 +34,19 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from nodescale.config.schema import StrategySection
 from nodescale.dist.process_group import Runtime
 from nodescale.dist.sync_batchnorm import convert_sync_batchnorm
 from nodescale.errors import UserError
 from nodescale.models.introspect import repeated_blocks
+from nodescale.strategies.torch_native import TorchNative
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class FSDPStrategy:
+class FSDPStrategy(TorchNative):
     name = "fsdp"
     needs_process_group = True
 
@@ -73,12 +75,28 @@ class FSDPStrategy:
             model = convert_sync_batchnorm(model, runtime.device.type)
         model = model.to(runtime.device)
         self.mesh = self.build_mesh(runtime)
-        reshard = self.cfg.sharding != "grad-op"
-        policy = self.policy_for(model)
+        options: dict[str, Any] = {
+            "mesh": self.mesh,
+            "mp_policy": self.policy_for(model),
+            "reshard_after_forward": self.cfg.sharding != "grad-op",
+        }
+        if self.cfg.cpu_offload == "all":
+            options["offload_policy"] = self.offload_policy(runtime)
         for block in repeated_blocks(model):
-            fully_shard(block, mesh=self.mesh, mp_policy=policy, reshard_after_forward=reshard)
-        fully_shard(model, mesh=self.mesh, mp_policy=policy, reshard_after_forward=reshard)
+            fully_shard(block, **options)
+        fully_shard(model, **options)
         return model
+
+    def offload_policy(self, runtime: Runtime) -> CPUOffloadPolicy:
+        """Parameters, gradients and optimiser state in pinned host memory; the optimiser steps on the CPU."""
+        if runtime.device.type == "cpu":
+            raise UserError(
+                f"--cpu-offload {self.cfg.cpu_offload} on device cpu",
+                "offloading moves training state from an accelerator to host memory; this run has no accelerator, "
+                "so everything is in host memory already",
+                "drop --cpu-offload, or run on GPU nodes",
+            )
+        return CPUOffloadPolicy(pin_memory=True)
 
     def policy_for(self, model: nn.Module) -> MixedPrecisionPolicy:
         """bf16: parameters gathered in bf16, gradients reduced in fp32 (sums of many ranks lose less).

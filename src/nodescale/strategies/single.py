@@ -10,9 +10,10 @@ from torch import nn
 
 from nodescale.dist.process_group import Runtime
 from nodescale.strategies.base import load_replicated_state_dict, replicated_state_dict
+from nodescale.strategies.torch_native import TorchNative
 
 
-class SingleDevice:
+class SingleDevice(TorchNative):
     name = "single"
     needs_process_group = False
 

@@ -23,6 +23,7 @@ from nodescale.data.sharding import ShardPlan
 from nodescale.dist.env import DistEnv, detect
 from nodescale.dist.process_group import Runtime, barrier, shutdown, start
 from nodescale.errors import UserError
+from nodescale.models.activation_checkpointing import apply_activation_checkpointing
 from nodescale.models.registry import build_model
 from nodescale.strategies import make_strategy
 from nodescale.train import checkpoint
@@ -85,9 +86,12 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float) -> d
     channels_last = cfg.train.channels_last and splits.spec.is_image
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if cfg.train.activation_checkpointing:
+        apply_activation_checkpointing(model, cfg.model.name)
     wrapped = strategy.wrap(model, runtime)
-    runner = torch.compile(wrapped) if cfg.train.compile else wrapped
     optimizer = make_optimizer(cfg.optim, wrapped, runtime.device)
+    updater = strategy.make_updater(wrapped, optimizer, cfg)
+    runner = torch.compile(updater.model) if cfg.train.compile else updater.model
 
     world, rank, batch = runtime.world_size, runtime.rank, cfg.train.batch_size
     train_plan = ShardPlan(len(splits.train), world, rank, batch, cfg.train.seed, shuffle=True)
@@ -102,7 +106,7 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float) -> d
     if cfg.train.max_steps:
         total_steps = min(total_steps, cfg.train.max_steps)
     scheduler = make_scheduler(cfg.optim, optimizer, total_steps)
-    trainer = Trainer(cfg, runtime, strategy, wrapped, runner, optimizer, scheduler, train_loader, val_loader,
+    trainer = Trainer(cfg, runtime, strategy, updater, runner, optimizer, scheduler, train_loader, val_loader,
                       splits.spec.task, run_dir, console, metrics)
     if runtime.is_main:
         console.print(
@@ -116,7 +120,7 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float) -> d
 
     trainer.fit()
     summary = gather_summary(cfg, runtime, trainer.timing, trainer.position.as_dict(), trainer.last_eval,
-                             trainer.peak_memory(), time.perf_counter() - started)
+                             trainer.peak_memory(), trainer.footprint, time.perf_counter() - started)
     summary["run_dir"] = str(run_dir)
     if runtime.is_main:
         write_json_atomic(run_dir / "summary.json", summary)
@@ -133,7 +137,7 @@ def _resume(trainer: Trainer, run_dir: Path, console: Console) -> None:
     state, path = found
     checkpoint.check_compatible(state, trainer.cfg.model_dump(mode="json"), path)
     try:
-        trainer.load_state_dict(state)
+        trainer.load_state_dict(state, path)
     except (RuntimeError, KeyError, ValueError) as exc:  # shapes or optimiser groups that do not fit
         first_line = str(exc).strip().splitlines()[0]
         raise UserError(f"--resume from {path}", f"the checkpoint does not fit this run ({first_line})",

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from nodescale.config.schema import RunConfig
 from nodescale.dist.process_group import Runtime
+from nodescale.strategies.base import Footprint
 from nodescale.train.evaluate import EvalResult
 from nodescale.train.trainer import Timing
 
@@ -27,6 +28,7 @@ def gather_summary(
     position: dict[str, int],
     last_eval: EvalResult,
     peak_memory: tuple[int, str],
+    footprint: Footprint | None,
     wall_seconds: float,
 ) -> dict[str, Any]:
     """Reduce every rank's figures into the run summary (a collective: call on all ranks)."""
@@ -43,6 +45,7 @@ def gather_summary(
         dist.all_reduce(samples)
         dist.all_reduce(maxima, op=dist.ReduceOp.MAX)  # every rank ran the same epochs
         dist.all_reduce(rates)  # each rank filled only its own slot
+    state_bytes = _gather_footprints(footprint, runtime)
     total_samples = int(samples.item())
     slowest, peak, worst_wait, *epochs = maxima.tolist()
     steps = timing.timed_steps
@@ -77,10 +80,31 @@ def gather_summary(
         "val_samples": last_eval.samples,
         "peak_memory_bytes": int(peak),
         "peak_memory_kind": peak_memory[1],
+        # Parameters, gradients and optimiser state each rank held (what sharding divides).
+        "state_bytes_per_rank": state_bytes,
         "wall_seconds": wall_seconds,
         "device": _device_name(device),
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
+    }
+
+
+def _gather_footprints(footprint: Footprint | None, runtime: Runtime) -> dict[str, Any] | None:
+    """Every rank's footprint: the largest rank's figures, and each rank's total."""
+    kinds = ("parameter_bytes", "gradient_bytes", "optimizer_bytes")
+    mine = [float(getattr(footprint, kind)) for kind in kinds] if footprint else [-1.0] * len(kinds)
+    table = torch.zeros(runtime.world_size, len(kinds), dtype=torch.float64, device=runtime.device)
+    table[runtime.rank] = torch.tensor(mine, dtype=torch.float64)
+    if runtime.distributed:
+        dist.all_reduce(table)  # each rank filled only its own row
+    rows = table.tolist()
+    if any(value < 0 for row in rows for value in row):
+        return None  # not measured (no optimiser step was taken)
+    largest = max(rows, key=sum)
+    return {
+        **{kind: int(value) for kind, value in zip(kinds, largest, strict=True)},
+        "total_bytes": int(sum(largest)),
+        "total_bytes_by_rank": [int(sum(row)) for row in rows],
     }
 
 
@@ -135,5 +159,10 @@ def summary_table(summary: dict[str, Any]) -> Table:
     accuracy = summary["val_accuracy"]
     row("validation accuracy", None if accuracy is None else f"{accuracy:.2%}")
     row("peak memory", f"{summary['peak_memory_bytes'] / 1e6:,.1f}", f" MB ({summary['peak_memory_kind']})")
+    state = summary["state_bytes_per_rank"]
+    if state:
+        row("training state, largest rank", number(state["total_bytes"] / 1e6, 3), " MB")
+        parts = (state[kind] / 1e6 for kind in ("parameter_bytes", "gradient_bytes", "optimizer_bytes"))
+        row("  parameters / gradients / optimiser", " / ".join(f"{part:,.3f}" for part in parts), " MB")
     row("wall time", number(summary["wall_seconds"], 2), " s")
     return table

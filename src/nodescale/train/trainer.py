@@ -22,8 +22,9 @@ from torch import nn
 from nodescale.config.schema import RunConfig
 from nodescale.data.loader import StepLoader
 from nodescale.dist.process_group import Runtime, barrier
+from nodescale.errors import UserError
 from nodescale.models.spec import Task
-from nodescale.strategies.base import Strategy
+from nodescale.strategies.base import Footprint, Strategy, Updater
 from nodescale.train import checkpoint
 from nodescale.train.clock import TrainClock, peak_memory_bytes, synchronize
 from nodescale.train.console import Console
@@ -66,7 +67,7 @@ class Trainer:
         cfg: RunConfig,
         runtime: Runtime,
         strategy: Strategy,
-        model: nn.Module,
+        updater: Updater,
         runner: nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
@@ -80,7 +81,8 @@ class Trainer:
         self.cfg = cfg
         self.runtime = runtime
         self.strategy = strategy
-        self.model = model  # the strategy's wrapper (DDP, ...), for no_sync and state dicts
+        self.updater = updater  # backward, accumulation, clipping and the optimiser step
+        self.model = updater.model  # the strategy's wrapper (DDP, ..., DeepSpeed's engine), for state dicts
         self.runner = runner  # what forward is called on: ``model`` or its compiled form
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -95,21 +97,26 @@ class Trainer:
         self.saved_step: int | None = None  # the step of the newest checkpoint written by this run
         self.timing = Timing()
         self.last_eval: EvalResult | None = None
+        self.footprint: Footprint | None = None  # measured once, before an optimiser step
         precision = cfg.train.precision
         # fp32 needs no autocast context at all: entering a disabled one still costs every step.
         self.autocast: AbstractContextManager[Any] = (
             torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[precision]) if precision in AUTOCAST_DTYPES
             else nullcontext()
         )
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         accum = cfg.train.grad_accum
         self.steps_per_epoch = -(-train_loader.plan.steps_per_epoch // accum)
         total = cfg.train.epochs * self.steps_per_epoch
         self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
 
     # ----------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs; a collective (gathers every rank's RNG state)."""
+    @property
+    def sharded_checkpoints(self) -> bool:
+        fmt = self.cfg.checkpoint.format
+        return fmt == "sharded" or (fmt == "auto" and self.strategy.name in ("fsdp", "deepspeed"))
+
+    def trainer_state(self) -> dict[str, Any]:
+        """Everything a resumed run needs but the model and optimiser; a collective (every rank's RNG)."""
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
@@ -118,9 +125,8 @@ class Trainer:
             rngs = [None] * self.runtime.world_size
             dist.all_gather_object(rngs, rng)
         return {
-            **self.strategy.state_dict(self.model, self.optimizer),  # a collective for sharded strategies
             "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
+            "updater": self.updater.state_dict(),
             "position": self.position.as_dict(),
             "world_size": self.runtime.world_size,
             "batch_size": self.cfg.train.batch_size,
@@ -128,10 +134,15 @@ class Trainer:
             "config": self.cfg.model_dump(mode="json"),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.strategy.load_state_dict(self.model, self.optimizer, state)
+    def load_state_dict(self, state: dict[str, Any], path: Path) -> None:
+        """Resume from ``state``: a full checkpoint, or the trainer state of the sharded one at ``path``."""
+        if "model" in state:
+            self.strategy.load_state_dict(self.model, self.optimizer, state)
+        else:
+            self._check_layout(state, path)
+            self.strategy.load_sharded(self.model, self.optimizer, path)
         self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        self.updater.load_state_dict(state["updater"])
         self.position = Position(**state["position"])
         same_layout = (state["world_size"] == self.runtime.world_size
                        and state["batch_size"] == self.cfg.train.batch_size)
@@ -153,14 +164,37 @@ class Trainer:
                 f"{self.position.batch_in_epoch}; exact continuation needs the same layout"
             )
 
+    def _check_layout(self, state: dict[str, Any], path: Path) -> None:
+        layout = state.get("layout")
+        if layout != self.strategy.sharded_layout:
+            writer = "DeepSpeed" if layout == "deepspeed" else "torch.distributed.checkpoint"
+            raise UserError(
+                f"--resume from {path} with strategy {self.strategy.name!r}",
+                f"the checkpoint is in {writer}'s sharded format ({layout}), which this strategy does not read",
+                f"resume with --strategy {state['config']['strategy']['name']}, or export the weights with "
+                f"`nodescale checkpoint export {self.run_dir}` and start a new run",
+            )
+
     def save_checkpoint(self) -> None:
         if self.saved_step == self.position.global_step:
             return  # the periodic save already wrote this step
-        self.saved_step = self.position.global_step
-        state = self.state_dict()  # every rank takes part in the gather
+        step = self.saved_step = self.position.global_step
+        keep = self.cfg.checkpoint.keep_last
+        trainer_state = self.trainer_state()  # every rank takes part in the RNG gather
+        if self.sharded_checkpoints:
+            trainer_state["layout"] = self.strategy.sharded_layout
+            path = checkpoint.write_sharded(
+                self.run_dir, step, self.runtime.is_main, lambda: barrier(self.runtime),
+                lambda directory: self.strategy.save_sharded(self.model, self.optimizer, directory),
+                lambda: trainer_state, keep,
+            )
+        else:
+            state = {**self.strategy.state_dict(self.model, self.optimizer), **trainer_state}  # a collective
+            path = checkpoint.checkpoint_path(self.run_dir, step)
+            if self.runtime.is_main:
+                checkpoint.save(self.run_dir, step, state, keep)
         if self.runtime.is_main:
-            path = checkpoint.save(self.run_dir, self.position.global_step, state, self.cfg.checkpoint.keep_last)
-            self.metrics.write({"kind": "checkpoint", "step": self.position.global_step, "path": str(path)})
+            self.metrics.write({"kind": "checkpoint", "step": step, "path": str(path)})
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> None:
@@ -240,26 +274,23 @@ class Trainer:
         return self.position.global_step >= self.total_steps or self.position.epoch >= self.cfg.train.epochs
 
     def _micro_step(self, batch: Any, window_total: int, closes_window: bool, window: _Window) -> None:
-        sync_context = nullcontext() if closes_window else self.strategy.no_sync(self.model)
-        with sync_context:
+        with self.updater.accumulating(closes_window):
             with self.autocast:
                 output = self.runner(batch.x)
             losses = per_sample_loss(output, batch.y, self.task)
             full = batch.real_count == len(batch.y)  # nearly every batch: padding needs no masking
             loss_sum = losses.sum() if full else (losses * batch.weights).sum()
             loss = loss_sum * (self.runtime.world_size / window_total)
-            self.scaler.scale(loss).backward()
+            self.updater.backward(loss)
         predicted = output.detach().argmax(dim=1) if self.task == "classification" else None
         window.add(loss_sum.detach(), predicted, batch.y, None if full else batch.weights, batch.real_count)
 
     def _optimizer_step(self) -> None:
-        clip = self.cfg.optim.grad_clip
-        if clip is not None:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        # Measured where all three kinds exist: gradients of this step, optimiser state of
+        # the step before (the second step of a run; the first when it is the only one).
+        if self.footprint is None and (self.position.global_step > 0 or self.total_steps == 1):
+            self.footprint = self.strategy.footprint(self.model, self.optimizer)
+        self.updater.step()
         self.scheduler.step()
         self.position.global_step += 1
 

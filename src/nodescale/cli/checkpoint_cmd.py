@@ -1,0 +1,64 @@
+"""``nodescale checkpoint export|info``: one plain state dict out of any run's checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "checkpoint", help="export or inspect a run's checkpoint",
+        description="Work with checkpoints written by nodescale train (full files, FSDP's sharded directories, "
+        "DeepSpeed's). No process group is needed.",
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    export = actions.add_parser(
+        "export", help="write the model's whole state dict to one file",
+        description="Consolidate a checkpoint (the newest of a run directory, or the one named) into one "
+        "torch.save file that `model.load_state_dict(torch.load(FILE))` accepts on any machine.",
+    )
+    export.add_argument("path", type=Path, metavar="RUN_DIR|CHECKPOINT")
+    export.add_argument("--out", type=Path, required=True, metavar="FILE", help="where to write the state dict")
+    export.set_defaults(handler=run_export)
+    info = actions.add_parser("info", help="show what a checkpoint holds")
+    info.add_argument("path", type=Path, metavar="RUN_DIR|CHECKPOINT")
+    info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    info.set_defaults(handler=run_info)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from nodescale.atomic_files import write_atomic
+    from nodescale.train.export import consolidated_model_state, resolve
+
+    source = resolve(args.path)
+    state = consolidated_model_state(source)
+    if args.out.parent != Path():
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(args.out, lambda handle: torch.save(state, handle))
+    values = sum(tensor.numel() for tensor in state.values())
+    print(f"nodescale: wrote {len(state)} tensors ({values:,} values) from {source} to {args.out}")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from nodescale.train.export import describe, resolve
+
+    info = describe(resolve(args.path))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    table = Table(title=f"checkpoint {info['path']}", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for key, value in info.items():
+        if key != "path":
+            table.add_row(key.replace("_", " "), ", ".join(value) if isinstance(value, list) else str(value))
+    Console().print(table)
+    return 0

@@ -1,0 +1,118 @@
+"""Read any nodescale checkpoint without a process group: export and inspect.
+
+``consolidated_model_state`` turns a full file, a torch.distributed.checkpoint
+directory (FSDP) or a DeepSpeed ZeRO directory into one plain ``state_dict``
+that ``model.load_state_dict`` accepts, for inference or fine-tuning elsewhere.
+``describe`` says what a checkpoint holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nodescale.errors import UserError
+from nodescale.train import checkpoint
+
+
+def resolve(path: Path) -> Path:
+    """The checkpoint ``path`` names: itself, or the newest one of a run directory."""
+    if _is_checkpoint(path):
+        return path
+    if not path.is_dir():
+        raise UserError(f"checkpoint {path}", "does not exist", "pass a run directory or one of its checkpoints")
+    found = checkpoint.list_checkpoints(path)
+    if not found:
+        raise UserError(f"run directory {path}", "holds no checkpoint",
+                        "train with --checkpoint-every K, or keep the default save at the end")
+    return found[-1][1]
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return path.is_file() or (path / checkpoint.TRAINER_FILE).is_file()
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """Everything but model and optimiser of checkpoint ``path`` (a full file: all of it)."""
+    target = path / checkpoint.TRAINER_FILE if checkpoint.is_sharded(path) else path
+    try:
+        state = torch.load(target, map_location="cpu", weights_only=True)
+    except Exception as exc:  # any unreadable file: say which and why
+        raise UserError(f"checkpoint {target}", f"does not load ({type(exc).__name__}: {exc})",
+                        "pick an older checkpoint of the run") from None
+    if not isinstance(state, dict) or state.get("format") != checkpoint.FORMAT:
+        raise UserError(f"checkpoint {target}", f"is not a {checkpoint.FORMAT} file",
+                        "pass a checkpoint written by nodescale train")
+    return state
+
+
+def consolidated_model_state(path: Path) -> dict[str, torch.Tensor]:
+    """The whole model state dict of checkpoint ``path``, on the CPU, in fp32 where it was trained in it."""
+    state = read_trainer_state(path)
+    if "model" in state:
+        return dict(state["model"])
+    layout = state.get("layout")
+    if layout == "torch-dcp":
+        return _dcp_model_state(path)
+    if layout == "deepspeed":
+        from nodescale.strategies.deepspeed import consolidated_state  # imports deepspeed: only here
+
+        return consolidated_state(path)
+    raise UserError(f"checkpoint {path}", f"has an unknown layout {layout!r}",
+                    "export it with the nodescale version that wrote it")
+
+
+def _dcp_model_state(directory: Path) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    # The documented dcp_to_torch_save path, restricted to the model's entries: no process
+    # group, and the optimiser state (twice the model for Adam) is never read.
+    loaded: dict[str, Any] = {}
+    _load_state_dict(loaded, storage_reader=FileSystemReader(directory),
+                     planner=_EmptyStateDictLoadPlanner(keys={"model"}), no_dist=True)
+    return dict(loaded["model"])
+
+
+def describe(path: Path) -> dict[str, Any]:
+    """What checkpoint ``path`` holds, as plain data (for ``nodescale checkpoint info``)."""
+    state = read_trainer_state(path)
+    config = state.get("config", {})
+    info: dict[str, Any] = {
+        "path": str(path),
+        "layout": "full" if "model" in state else state.get("layout"),
+        "step": state["position"]["global_step"],
+        "epoch": state["position"]["epoch"],
+        "batch_in_epoch": state["position"]["batch_in_epoch"],
+        "world_size": state["world_size"],
+        "batch_size_per_process": state["batch_size"],
+        "strategy": config.get("strategy", {}).get("name"),
+        "model": config.get("model", {}).get("name"),
+        "dataset": config.get("data", {}).get("name"),
+        "optimizer": config.get("optim", {}).get("name"),
+        "precision": config.get("train", {}).get("precision"),
+        "bytes_on_disk": sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir()
+        else path.stat().st_size,
+    }
+    if path.is_dir():
+        info["files"] = sorted(f.name for f in path.iterdir())
+    if "model" in state:
+        info["model_values"] = sum(t.numel() for t in state["model"].values())
+    elif state.get("layout") == "torch-dcp":
+        from torch.distributed.checkpoint import FileSystemReader
+
+        entries = FileSystemReader(path).read_metadata().state_dict_metadata
+        info["model_values"] = sum(
+            _numel(meta.size) for key, meta in entries.items() if key.startswith("model.") and hasattr(meta, "size")
+        )
+    return info
+
+
+def _numel(size: torch.Size) -> int:
+    count = 1
+    for extent in size:
+        count *= extent
+    return count
