@@ -151,7 +151,8 @@ def test_checkpoint_holds_the_whole_training_state(tmp_path: Path) -> None:
 
     (_, path), = list_checkpoints(tmp_path / "run")
     state = torch.load(path, weights_only=True)
-    assert {"model", "optimizer", "scheduler", "scaler", "position", "rng", "config"} <= state.keys()
+    assert {"model", "optimizer", "scheduler", "updater", "position", "rng", "config"} <= state.keys()
+    assert "scaler" in state["updater"]  # the fp16 loss scale
     assert state["position"]["global_step"] == 3 and len(state["rng"]) == 2
     assert state["optimizer"]["state"], "optimiser moments must be saved"
 

@@ -74,6 +74,8 @@ def _run_here(cfg: RunConfig) -> int:
     assert cfg.out is not None
     check_run_dir(cfg.out, cfg.checkpoint.resume)
     nproc = local_process_count(cfg)
+    if cfg.strategy.name == "deepspeed":
+        _check_deepspeed_config(cfg, nproc)
     if nproc == 1:
         from nodescale.train.run import run_training
 
@@ -90,3 +92,14 @@ def _run_here(cfg: RunConfig) -> int:
         write_text_atomic(config_path, dump_yaml(cfg))
         sys.stdout.flush()
         return launch_local([sys.executable, "-u", "-m", "nodescale.train.worker", str(config_path)], nproc)
+
+
+def _check_deepspeed_config(cfg: RunConfig, world_size: int) -> None:
+    """The DeepSpeed config's batch arithmetic and precision, before any process starts."""
+    from nodescale.strategies.deepspeed_config import build_config, read_user_config
+
+    path = cfg.strategy.deepspeed_config
+    build_config(read_user_config(path) if path else None, micro_batch=cfg.train.batch_size,
+                 grad_accum=cfg.train.grad_accum, world_size=world_size, precision=cfg.train.precision,
+                 zero_stage=cfg.strategy.zero_stage, grad_clip=cfg.optim.grad_clip,
+                 cpu_offload=cfg.strategy.cpu_offload, has_batchnorm=False)

@@ -90,3 +90,8 @@ def training_flops_per_sample(model: nn.Module, spec: InputSpec) -> int:
     to both activations and weights), the standard estimate used for MFU.
     """
     return 3 * forward_flops_per_sample(model, spec)
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    """Whether ``model`` has BatchNorm layers, whose fp32 running statistics low-precision casts leave alone."""
+    return any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules())

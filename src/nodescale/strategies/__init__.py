@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nodescale.config.schema import StrategySection
+from nodescale.config.schema import STRATEGIES, StrategySection
 from nodescale.errors import unknown_choice
 from nodescale.strategies.base import Strategy
 
@@ -21,4 +21,7 @@ def make_strategy(cfg: StrategySection, precision: str = "fp32") -> Strategy:
     if cfg.name == "fsdp":
         from nodescale.strategies.fsdp import FSDPStrategy
         return FSDPStrategy(cfg, precision)
-    raise unknown_choice("strategy", cfg.name, ("single", "dp", "ddp", "fsdp"))
+    if cfg.name == "deepspeed":
+        from nodescale.strategies.deepspeed import DeepSpeedStrategy  # imports deepspeed only when chosen
+        return DeepSpeedStrategy(cfg)
+    raise unknown_choice("strategy", cfg.name, STRATEGIES)

@@ -40,7 +40,7 @@ from nodescale.config.schema import StrategySection
 from nodescale.dist.process_group import Runtime
 from nodescale.dist.sync_batchnorm import convert_sync_batchnorm
 from nodescale.errors import UserError
-from nodescale.models.introspect import repeated_blocks
+from nodescale.models.introspect import has_batchnorm, repeated_blocks
 from nodescale.strategies.torch_native import TorchNative
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -105,8 +105,7 @@ class FSDPStrategy(TorchNative):
         FSDP does not cast, and batch_norm refuses the mix. Their forward still runs under bf16
         autocast, as with DDP.
         """
-        has_batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-        if self.precision == "bf16" and not has_batchnorm:
+        if self.precision == "bf16" and not has_batchnorm(model):
             return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         return MixedPrecisionPolicy()
 
