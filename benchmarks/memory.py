@@ -1,0 +1,295 @@
+"""Training-state memory per rank under DDP, FSDP2 and DeepSpeed ZeRO, measured by ``nodescale train``.
+
+For each model, runs ``nodescale train --nproc N`` once per strategy (DDP, FSDP
+``--sharding full``, ``grad-op`` and ``none``, DeepSpeed ZeRO stages 1, 2 and 3,
+and ZeRO-3 again with ``stage3_param_persistence_threshold: 0``) and reads
+``state_bytes_per_rank`` from each run's ``summary.json``: the bytes of
+parameters, gradients and optimiser state (DeepSpeed's fp32 master copy
+included) that the largest rank held, measured by nodescale just before the
+second optimiser step. Each total is compared with DDP's, measured in the same
+invocation.
+
+What this measures is the *resting* training state, the part that sharding
+divides. It does not include activations, the parameters FSDP and ZeRO-3
+gather for the duration of a forward or backward, communication buffers, or
+the process's other memory. ``peak_memory_bytes`` from the same summary (host
+RSS on the CPU, the allocator's peak on a GPU) is kept in the JSON as
+``peak_memory_bytes`` for reference; on the CPU it is dominated by torch itself.
+
+    python benchmarks/memory.py                                 # resnet18 and vit_small, 2 processes
+    python benchmarks/memory.py --models vit_tiny --nproc 4
+    python benchmarks/memory.py --strategies ddp,fsdp-full,zero-3,zero-3-t0
+
+Every model trains on ``--dataset synthetic --set data.image_size=32`` (random
+3x32x32 images) with AdamW, fp32, ``--batch-size 8`` per process, 3 steps.
+MB = 10^6 bytes. Results go to ``benchmarks/results/memory.json`` (``--out``
+to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from nodescale.atomic_files import write_json_atomic
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "memory.json"
+DEFAULT_MODELS = ("resnet18", "vit_small")
+BASELINE = "ddp"
+MB = 1e6  # bytes; the table's unit
+
+# Variables a launcher sets in its workers: inherited, nodescale would take them
+# as its own rank and start no local processes (as in overhead.py).
+LAUNCHER_VARIABLES = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+)
+
+# ZeRO-3 keeps parameters with fewer than this many values whole on every rank
+# (DeepSpeed's default stage3_param_persistence_threshold = 1e5); 0 shards them all.
+THRESHOLD_ZERO = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way of training, as nodescale flags (and an optional DeepSpeed JSON config)."""
+
+    name: str
+    flags: tuple[str, ...]
+    description: str
+    deepspeed_config: dict[str, Any] | None = None
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("ddp", ("--strategy", "ddp"), "DistributedDataParallel: everything replicated"),
+    Strategy("fsdp-full", ("--strategy", "fsdp", "--sharding", "full"), "FSDP2, reshard after forward"),
+    Strategy("fsdp-grad-op", ("--strategy", "fsdp", "--sharding", "grad-op"),
+             "FSDP2, parameters kept gathered from forward to backward"),
+    Strategy("fsdp-none", ("--strategy", "fsdp", "--sharding", "none"), "FSDP2 replicating (shard dimension 1)"),
+    Strategy("zero-1", ("--strategy", "deepspeed", "--zero-stage", "1"), "DeepSpeed ZeRO-1: optimiser state"),
+    Strategy("zero-2", ("--strategy", "deepspeed", "--zero-stage", "2"),
+             "DeepSpeed ZeRO-2: optimiser state and gradients"),
+    Strategy("zero-3", ("--strategy", "deepspeed", "--zero-stage", "3"),
+             "DeepSpeed ZeRO-3: also parameters; those under 100k values stay whole (DeepSpeed's default)"),
+    Strategy("zero-3-t0", ("--strategy", "deepspeed", "--zero-stage", "3"),
+             "DeepSpeed ZeRO-3 with stage3_param_persistence_threshold 0: every parameter sharded",
+             deepspeed_config=THRESHOLD_ZERO),
+)}
+
+
+@dataclass
+class RunResult:
+    model: str
+    strategy: str
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    total_bytes: int
+    total_bytes_by_rank: list[int]
+    peak_memory_bytes: int
+    peak_memory_kind: str
+    wall_seconds: float  # the whole subprocess: start-up, 3 steps, evaluation, shutdown
+
+
+# ---------------------------------------------------------------- running
+def child_env(threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def train_command(model: str, strategy: Strategy, args: argparse.Namespace, run_dir: Path,
+                  ds_config: Path | None) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "nodescale", "train", "--nproc", str(args.nproc),
+        "--model", model, "--dataset", "synthetic", "--set", "data.image_size=32",
+        # Only 3 steps' worth of data is used; a small set keeps the final evaluation short.
+        "--set", "data.samples=256",
+        "--optimizer", "adamw", "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
+        "--no-progress", "--out", str(run_dir),
+        "--set", "checkpoint.at_end=false",  # a checkpoint adds wall time and nothing to the figures
+        *strategy.flags,
+    ]
+    if ds_config is not None:
+        cmd += ["--deepspeed-config", str(ds_config)]
+    return cmd
+
+
+def run_one(model: str, strategy: Strategy, args: argparse.Namespace, workdir: Path) -> RunResult:
+    label = f"{model}-{strategy.name}"
+    run_dir = workdir / label
+    ds_config = None
+    if strategy.deepspeed_config is not None:
+        ds_config = workdir / f"{strategy.name}.ds_config.json"
+        ds_config.write_text(json.dumps(strategy.deepspeed_config, indent=2) + "\n")
+    cmd = train_command(model, strategy, args, run_dir, ds_config)
+    log = workdir / f"{label}.log"
+    started = time.perf_counter()
+    with log.open("w") as handle:
+        handle.write("$ " + shlex.join(cmd) + "\n")
+        handle.flush()
+        proc = subprocess.run(cmd, env=child_env(args.threads), stdout=handle, stderr=subprocess.STDOUT,
+                              cwd=HERE.parent)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-30:])
+        raise RuntimeError(f"exit code {proc.returncode}: {shlex.join(cmd)}\n{tail}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    state = summary.get("state_bytes_per_rank")
+    if not state:
+        raise RuntimeError(f"{label}: summary.json has no state_bytes_per_rank (no optimiser step measured)")
+    return RunResult(
+        model, strategy.name, state["parameter_bytes"], state["gradient_bytes"], state["optimizer_bytes"],
+        state["total_bytes"], state["total_bytes_by_rank"], summary["peak_memory_bytes"],
+        summary["peak_memory_kind"], wall,
+    )
+
+
+# -------------------------------------------------------------- analysis
+def with_ratios(runs: list[RunResult]) -> list[dict[str, Any]]:
+    """Each run as a dict, with its total against the same model's DDP total (None without DDP)."""
+    baseline = {r.model: r.total_bytes for r in runs if r.strategy == BASELINE}
+    rows = []
+    for r in runs:
+        base = baseline.get(r.model)
+        rows.append({**r.__dict__, "total_vs_ddp": r.total_bytes / base if base else None})
+    return rows
+
+
+def results_table(rows: list[dict[str, Any]], nproc: int) -> Table:
+    table = Table(title=f"Training state on the largest of {nproc} ranks, before the 2nd optimiser step "
+                        "(MB = 10^6 bytes; AdamW, fp32)")
+    for header in ("model", "strategy", "parameters MB", "gradients MB", "optimiser MB", "total MB", "total / DDP"):
+        table.add_column(header, justify="left" if header in ("model", "strategy") else "right", no_wrap=True)
+    previous = None
+    for row in rows:
+        table.add_row(
+            row["model"] if row["model"] != previous else "",
+            row["strategy"],
+            f"{row['parameter_bytes'] / MB:.1f}",
+            f"{row['gradient_bytes'] / MB:.1f}",
+            f"{row['optimizer_bytes'] / MB:.1f}",
+            f"{row['total_bytes'] / MB:.1f}",
+            f"{row['total_vs_ddp']:.2f}" if row["total_vs_ddp"] is not None else "n/a",
+        )
+        previous = row["model"]
+    return table
+
+
+def machine() -> dict[str, Any]:
+    import torch  # versions only; the runs import it themselves
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        deepspeed = version("deepspeed")
+    except PackageNotFoundError:
+        deepspeed = None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": cpu,
+        "cores": cores,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch_version": torch.__version__,
+        "deepspeed_version": deepspeed,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+# ------------------------------------------------------------------ main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help=f"comma-separated nodescale models (default {','.join(DEFAULT_MODELS)})")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help=f"comma-separated, of: {', '.join(STRATEGIES)} (default: all; keep ddp for the ratios)")
+    parser.add_argument("--nproc", type=int, default=2, help="processes per run (default 2)")
+    parser.add_argument("--batch-size", type=int, default=8, help="samples per process per step (default 8)")
+    parser.add_argument("--steps", type=int, default=3, help="optimiser steps per run, at least 2 (default 3)")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per process (default 1)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON (default {DEFAULT_OUT})")
+    parser.add_argument("--keep-logs", type=Path, default=None, help="keep every run's log and run dir here")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.strategies.split(",") if name not in STRATEGIES]
+    if unknown:
+        parser.error(f"unknown strategy(ies) {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the state is measured before the 2nd optimiser step")
+    if args.nproc < 1:
+        parser.error("--nproc must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = 120  # a log file or pipe: keep the table's rows on one line each
+    models = [m for m in args.models.split(",") if m]
+    strategies = [STRATEGIES[name] for name in args.strategies.split(",")]
+    started = time.perf_counter()
+    info = machine()
+    runs: list[RunResult] = []
+    with tempfile.TemporaryDirectory(prefix="nodescale-memory-") as tmp:
+        workdir = args.keep_logs or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for model in models:
+            for strategy in strategies:
+                result = run_one(model, strategy, args, workdir)
+                runs.append(result)
+                console.print(f"{model:<10} {strategy.name:<13} total {result.total_bytes / MB:8.1f} MB  "
+                              f"(wall {result.wall_seconds:.1f} s)")
+    rows = with_ratios(runs)
+    console.print(results_table(rows, args.nproc))
+    elapsed = time.perf_counter() - started
+    console.print(f"total time {elapsed:.0f} s")
+
+    record = {
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "machine": info,
+        "nproc": args.nproc,
+        "omp_num_threads": args.threads,
+        "run": {"dataset": "synthetic", "image_size": 32, "optimizer": "adamw", "precision": "fp32",
+                "batch_size_per_process": args.batch_size, "steps": args.steps},
+        "units": {"*_bytes": "bytes", "table": "MB = 10^6 bytes",
+                  "total_vs_ddp": "total_bytes / the same model's DDP total_bytes, same invocation"},
+        "measured": "state_bytes_per_rank of summary.json: parameters, gradients and optimiser state "
+                    "(incl. DeepSpeed's fp32 master copy) of the largest rank, before the 2nd optimiser step; "
+                    "activations and transiently gathered parameters are not included",
+        "strategies": {s.name: {"flags": list(s.flags), "deepspeed_config": s.deepspeed_config,
+                                "description": s.description} for s in strategies},
+        "results": rows,
+        "total_seconds": elapsed,
+    }
+    write_json_atomic(args.out, record)
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
