@@ -12,18 +12,24 @@ invocation.
 What this measures is the *resting* training state, the part that sharding
 divides. It does not include activations, the parameters FSDP and ZeRO-3
 gather for the duration of a forward or backward, communication buffers, or
-the process's other memory. ``peak_memory_bytes`` from the same summary (host
-RSS on the CPU, the allocator's peak on a GPU) is kept in the JSON as
-``peak_memory_bytes`` for reference; on the CPU it is dominated by torch itself.
+the process's other memory. So FSDP ``grad-op`` measures like ``full`` and
+ZeRO-2 like ZeRO-1: what sets them apart is held during forward and backward
+only. ``peak_memory_bytes`` from the same summary (host RSS on the CPU, the
+allocator's peak on a GPU) is kept in the JSON for reference; on the CPU it is
+dominated by torch and DeepSpeed themselves. Known gap: ``zero-0`` under bf16
+does not count DeepSpeed's whole fp32 copy of the parameters (RESULTS.md).
 
     python benchmarks/memory.py                                 # resnet18 and vit_small, 2 processes
     python benchmarks/memory.py --models vit_tiny --nproc 4
     python benchmarks/memory.py --strategies ddp,fsdp-full,zero-3,zero-3-t0
+    python benchmarks/memory.py --models vit_tiny --precision bf16 --out /tmp/memory-bf16.json
 
 Every model trains on ``--dataset synthetic --set data.image_size=32`` (random
-3x32x32 images) with AdamW, fp32, ``--batch-size 8`` per process, 3 steps.
-MB = 10^6 bytes. Results go to ``benchmarks/results/memory.json`` (``--out``
-to change).
+3x32x32 images) with AdamW, ``--precision fp32`` unless told otherwise,
+``--batch-size 8`` per process, 3 steps. ``zero-0`` (DeepSpeed, no
+partitioning) runs only when named. The default invocation (16 runs) takes
+6-10 minutes on 2 cores. MB = 10^6 bytes. Results go to
+``benchmarks/results/memory.json`` (``--out`` to change).
 """
 
 from __future__ import annotations
@@ -81,6 +87,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("fsdp-grad-op", ("--strategy", "fsdp", "--sharding", "grad-op"),
              "FSDP2, parameters kept gathered from forward to backward"),
     Strategy("fsdp-none", ("--strategy", "fsdp", "--sharding", "none"), "FSDP2 replicating (shard dimension 1)"),
+    Strategy("zero-0", ("--strategy", "deepspeed", "--zero-stage", "0"),
+             "DeepSpeed without ZeRO partitioning (not run by default)"),
     Strategy("zero-1", ("--strategy", "deepspeed", "--zero-stage", "1"), "DeepSpeed ZeRO-1: optimiser state"),
     Strategy("zero-2", ("--strategy", "deepspeed", "--zero-stage", "2"),
              "DeepSpeed ZeRO-2: optimiser state and gradients"),
@@ -90,6 +98,9 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              "DeepSpeed ZeRO-3 with stage3_param_persistence_threshold 0: every parameter sharded",
              deepspeed_config=THRESHOLD_ZERO),
 )}
+
+
+DEFAULT_STRATEGIES = tuple(name for name in STRATEGIES if name != "zero-0")
 
 
 @dataclass
@@ -120,7 +131,8 @@ def train_command(model: str, strategy: Strategy, args: argparse.Namespace, run_
         "--model", model, "--dataset", "synthetic", "--set", "data.image_size=32",
         # Only 3 steps' worth of data is used; a small set keeps the final evaluation short.
         "--set", "data.samples=256",
-        "--optimizer", "adamw", "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
+        "--optimizer", "adamw", "--precision", args.precision,
+        "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
         "--no-progress", "--out", str(run_dir),
         "--set", "checkpoint.at_end=false",  # a checkpoint adds wall time and nothing to the figures
         *strategy.flags,
@@ -171,9 +183,9 @@ def with_ratios(runs: list[RunResult]) -> list[dict[str, Any]]:
     return rows
 
 
-def results_table(rows: list[dict[str, Any]], nproc: int) -> Table:
+def results_table(rows: list[dict[str, Any]], nproc: int, precision: str) -> Table:
     table = Table(title=f"Training state on the largest of {nproc} ranks, before the 2nd optimiser step "
-                        "(MB = 10^6 bytes; AdamW, fp32)")
+                        f"(MB = 10^6 bytes; AdamW, {precision})")
     for header in ("model", "strategy", "parameters MB", "gradients MB", "optimiser MB", "total MB", "total / DDP"):
         table.add_column(header, justify="left" if header in ("model", "strategy") else "right", no_wrap=True)
     previous = None
@@ -225,8 +237,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
                         help=f"comma-separated nodescale models (default {','.join(DEFAULT_MODELS)})")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES),
-                        help=f"comma-separated, of: {', '.join(STRATEGIES)} (default: all; keep ddp for the ratios)")
+    parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                        help=f"comma-separated, of: {', '.join(STRATEGIES)} (default: all but zero-0; keep ddp "
+                             "for the ratios)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                        help="--precision of every run (default fp32)")
     parser.add_argument("--nproc", type=int, default=2, help="processes per run (default 2)")
     parser.add_argument("--batch-size", type=int, default=8, help="samples per process per step (default 8)")
     parser.add_argument("--steps", type=int, default=3, help="optimiser steps per run, at least 2 (default 3)")
@@ -264,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"{model:<10} {strategy.name:<13} total {result.total_bytes / MB:8.1f} MB  "
                               f"(wall {result.wall_seconds:.1f} s)")
     rows = with_ratios(runs)
-    console.print(results_table(rows, args.nproc))
+    console.print(results_table(rows, args.nproc, args.precision))
     elapsed = time.perf_counter() - started
     console.print(f"total time {elapsed:.0f} s")
 
@@ -274,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": info,
         "nproc": args.nproc,
         "omp_num_threads": args.threads,
-        "run": {"dataset": "synthetic", "image_size": 32, "optimizer": "adamw", "precision": "fp32",
+        "run": {"dataset": "synthetic", "image_size": 32, "optimizer": "adamw", "precision": args.precision,
                 "batch_size_per_process": args.batch_size, "steps": args.steps},
         "units": {"*_bytes": "bytes", "table": "MB = 10^6 bytes",
                   "total_vs_ddp": "total_bytes / the same model's DDP total_bytes, same invocation"},

@@ -22,7 +22,8 @@ pytest_plugins = ["scheduler_fixtures"]
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     # No inherited launcher variables: each test decides how processes start.
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"):
         env.pop(name, None)
     env["PYTHONUNBUFFERED"] = "1"
     return env

@@ -190,7 +190,9 @@ def test_a_contradicting_deepspeed_config_is_refused_before_any_process_starts(
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--cpu-offload", "optimizer"], "no accelerator"),
+    (["--cpu-offload", "optimizer"], "without GPUs"),
+    (["--zero-stage", "0", "--cpu-offload", "optimizer"], "from stage 1 on"),
+    (["--sync-batchnorm"], "available with ddp and fsdp"),
     (["--zero-stage", "2", "--cpu-offload", "all"], "use --zero-stage 3"),
     (["--zero-stage", "4"], "zero_stage"),
     (["--compile"], "drop --compile"),
@@ -220,6 +222,8 @@ def test_the_generated_config_follows_the_run() -> None:
     assert build(grad_clip=0.5)["gradient_clipping"] == 0.5
     offloaded = build(zero_stage=3, cpu_offload="all")["zero_optimization"]
     assert offloaded["offload_param"]["device"] == "cpu" and offloaded["offload_optimizer"]["device"] == "cpu"
+    assert build(zero_stage=3, cpu_offload="all")["zero_force_ds_cpu_optimizer"] is False  # nodescale's optimiser
+    assert "zero_force_ds_cpu_optimizer" not in build()
     assert "offload_param" not in build(zero_stage=1, cpu_offload="optimizer")["zero_optimization"]
     user = {"train_batch_size": "auto", "zero_optimization": {"stage": 3, "overlap_comm": True}}
     merged = build_config(user, micro_batch=4, grad_accum=1, world_size=2, precision="fp32", zero_stage=None,

@@ -107,6 +107,22 @@ def test_slurm_train_on_two_nodes(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert line is not None and str(log) in line, listed
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [
+    ["--strategy", "deepspeed", "--zero-stage", "3"],  # DeepSpeed reuses the process group srun's tasks form
+    ["--strategy", "fsdp", "--sharding", "hybrid"],  # the 2-D mesh: replicate across the two nodes
+])
+def test_slurm_sharded_training_on_two_nodes(slurm: SlurmCluster, tmp_path: Path, strategy: list[str]) -> None:
+    result = launch_slurm(tmp_path, "--nodes", "2", "--gpus-per-node", "0", "--nproc-per-node", "1",
+                          command=["nodescale", "train", *strategy, "--max-steps", "4", "--checkpoint-every", "2",
+                                   "--no-progress", "--out", "run"])
+    job_id, _, log = submitted(result.stdout)
+    finish(slurm, job_id, log)
+    summary = read_summary(tmp_path / "run")
+    assert summary["world_size"] == 2 and summary["strategy"] == strategy[1] and summary["global_steps"] == 4
+    assert (tmp_path / "run" / "checkpoints" / "step-00000004" / "trainer.pt").is_file()  # sharded, every rank
+
+
 PROBE = """\
 import json, os, sys
 import torch

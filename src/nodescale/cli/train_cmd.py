@@ -76,6 +76,7 @@ def _run_here(cfg: RunConfig) -> int:
     nproc = local_process_count(cfg)
     if cfg.strategy.name == "deepspeed":
         _check_deepspeed_config(cfg, nproc)
+    _check_offload_has_an_accelerator(cfg)
     if nproc == 1:
         from nodescale.train.run import run_training
 
@@ -103,3 +104,14 @@ def _check_deepspeed_config(cfg: RunConfig, world_size: int) -> None:
                  grad_accum=cfg.train.grad_accum, world_size=world_size, precision=cfg.train.precision,
                  zero_stage=cfg.strategy.zero_stage, grad_clip=cfg.optim.grad_clip,
                  cpu_offload=cfg.strategy.cpu_offload, has_batchnorm=False)
+
+
+def _check_offload_has_an_accelerator(cfg: RunConfig) -> None:
+    import torch
+
+    from nodescale.errors import UserError
+
+    if cfg.strategy.cpu_offload != "none" and not torch.cuda.is_available():
+        raise UserError(f"--cpu-offload {cfg.strategy.cpu_offload} on a machine without GPUs",
+                        "offloading moves training state from an accelerator to host memory; without one, "
+                        "everything is in host memory already", "drop --cpu-offload, or run on GPU nodes")

@@ -190,7 +190,9 @@ def check_combinations(cfg: RunConfig) -> None:
     if strategy.sync_batchnorm and strategy.name not in ("ddp", "fsdp"):
         raise UserError(
             f"sync_batchnorm with strategy {strategy.name!r}",
-            "synchronised BatchNorm needs several processes",
+            "synchronised BatchNorm is available with ddp and fsdp"
+            + (" (DeepSpeed's engine does not take nodescale's SyncBatchNorm)" if strategy.name == "deepspeed"
+               else " (several processes)"),
             "use --strategy ddp or fsdp, or drop --sync-batchnorm",
         )
     if strategy.sharding != "full" and strategy.name != "fsdp":
@@ -233,6 +235,12 @@ def check_combinations(cfg: RunConfig) -> None:
             "precision 'fp16' with strategy 'fsdp'",
             "not supported yet (fp16 needs a gradient scaler for sharded gradients)",
             "use --precision bf16 (no scaler needed), or --strategy ddp",
+        )
+    if cfg.train.activation_checkpointing and not MODELS[cfg.model.name].has_blocks:
+        raise UserError(
+            f"--activation-checkpointing with model {cfg.model.name!r}",
+            "the model declares no repeated blocks to recompute",
+            "use cnn, a ResNet or a ViT, or drop --activation-checkpointing",
         )
     model_task = MODELS[cfg.model.name].task
     data_task = DATASETS[cfg.data.name].task

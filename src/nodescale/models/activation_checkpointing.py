@@ -30,7 +30,7 @@ def apply_activation_checkpointing(model: nn.Module, model_name: str) -> int:
         raise UserError(
             f"--activation-checkpointing with model {model_name!r}",
             "the model declares no repeated blocks to recompute",
-            "use a ResNet or ViT, or drop --activation-checkpointing",
+            "use cnn, a ResNet or a ViT, or drop --activation-checkpointing",
         )
     for block in blocks:
         checkpoint(block, context_fn=_contexts_for(block))

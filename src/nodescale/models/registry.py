@@ -27,6 +27,7 @@ class ModelEntry:
     builder: str  # "module:function", the function taking (ModelSection, InputSpec)
     task: Literal["classification", "regression", "any"]
     description: str
+    has_blocks: bool = True  # declares repeated blocks (FSDP units, activation checkpointing)
 
     def build(self, cfg: ModelSection, spec: InputSpec) -> nn.Module:
         module_name, function_name = self.builder.split(":")
@@ -37,7 +38,7 @@ class ModelEntry:
 MODELS: dict[str, ModelEntry] = {
     "toy": ModelEntry(
         "nodescale.models.toy:build_toy", "regression",
-        "linear regression with MSE (the DDP tutorial's)",
+        "linear regression with MSE (the DDP tutorial's)", has_blocks=False,
     ),
     "cnn": ModelEntry(
         "nodescale.models.cnn:build_cnn", "classification",

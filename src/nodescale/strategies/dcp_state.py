@@ -12,6 +12,9 @@ by fully qualified name, optimiser state keyed by those names too.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,7 +30,8 @@ def save_dcp(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path
     # Lowest rank: BatchNorm statistics (plain tensors every rank holds) are rank 0's,
     # as in a full checkpoint and under DDP, which broadcasts rank 0's buffers.
     planner = DefaultSavePlanner(dedup_save_to_lowest_rank=True)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=directory, planner=planner)
+    with _single_process_is_intended():
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=directory, planner=planner)
 
 
 def load_dcp(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
@@ -39,5 +43,14 @@ def load_dcp(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path
     """
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=directory)
+    with _single_process_is_intended():
+        dcp.load(state, checkpoint_id=directory)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+@contextmanager
+def _single_process_is_intended() -> Iterator[None]:
+    """Without a process group (single, dp) DCP warns on every call that it assumes one process: it is right."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.distributed is disabled.*")
+        yield

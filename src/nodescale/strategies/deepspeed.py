@@ -15,6 +15,8 @@ world size that wrote them (DeepSpeed cannot repartition optimiser state);
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import re
@@ -160,13 +162,21 @@ class DeepSpeedStrategy:
             parameter_bytes = counter.add(p.data for p in module.parameters())
             averaged = getattr(zero, "averaged_gradients", {}) if self.stage else {}
             gradients = [t for group in averaged.values() if group for t in group]
+            # ZeRO 1/2 keep the fp32 master partition; stage 0 under bf16/fp16 keeps a whole fp32
+            # copy in its mixed-precision optimiser (groups of tensors).
             masters = list(getattr(zero, "single_partition_of_fp32_groups", []))
+            masters += [t for group in getattr(zero, "fp32_groups", []) for t in _tensors(group)]
         gradient_bytes = counter.add(p.grad for p in module.parameters()) + counter.add(gradients)
         base = getattr(zero, "optimizer", zero)  # ZeRO wraps the torch optimiser; stage 0 is it
         optimizer_bytes = counter.add(masters) + counter.add(
             value for state in base.state.values() for value in state.values()
         )
         return Footprint(parameter_bytes, gradient_bytes, optimizer_bytes)
+
+
+def _tensors(group: Any) -> list[torch.Tensor]:
+    """A group entry as a list of tensors (a flat tensor, or a list of them)."""
+    return [group] if isinstance(group, torch.Tensor) else [t for t in group if isinstance(t, torch.Tensor)]
 
 
 def partitions(directory: Path) -> int:
@@ -182,7 +192,8 @@ def consolidated_state(directory: Path) -> dict[str, torch.Tensor]:
         import_deepspeed("cpu" if not torch.cuda.is_available() else "cuda")
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return dict(get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=TAG))
+        with contextlib.redirect_stdout(io.StringIO()):  # its progress lines would mix with the CLI's output
+            return dict(get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=TAG))
     # Stage 0 keeps the whole module in rank 0's model-states file.
     state = torch.load(tagged / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
     return {name: tensor.float() if tensor.is_floating_point() else tensor for name, tensor in state["module"].items()}

@@ -78,6 +78,10 @@ def build_config(
     zero["stage"] = zero_stage if zero_stage is not None else (file_stage if file_stage is not None
                                                                else DEFAULT_ZERO_STAGE)
     _apply_offload(zero, cpu_offload)
+    if cpu_offload != "none":
+        # DeepSpeed insists on its own CPU Adam for offloaded state unless told that the
+        # torch optimiser nodescale hands it is meant (it steps on the CPU either way).
+        config.setdefault("zero_force_ds_cpu_optimizer", False)
     _apply_precision(config, precision, has_batchnorm, source)
 
     file_clip = _given(config, "gradient_clipping")
@@ -120,6 +124,9 @@ def _check_batch(config: dict[str, Any], micro: int, accum: int, world: int, sou
 
 
 def _apply_offload(zero: dict[str, Any], cpu_offload: str) -> None:
+    if cpu_offload != "none" and zero["stage"] == 0:
+        raise UserError(f"--cpu-offload {cpu_offload} with ZeRO stage 0", "DeepSpeed offloads from stage 1 on",
+                        "use --zero-stage 1, 2 or 3, or drop --cpu-offload")
     if cpu_offload in ("optimizer", "all"):
         zero.setdefault("offload_optimizer", {"device": "cpu", "pin_memory": True})
     if cpu_offload == "all":

@@ -146,9 +146,12 @@ def summary_table(summary: dict[str, Any]) -> Table:
     row("strategy / backend", f"{summary['strategy']} / {summary['backend'] or 'none'}")
     row("epochs completed", summary["epochs_completed"])
     row("optimiser steps", summary["global_steps"])
-    label = "average epoch time" + (" (excluding the first)" if summary["average_epoch_excludes_first"]
-                                    else " (the only epoch)")
-    row(label, number(summary["average_epoch_seconds"], 3), " s")
+    if summary["average_epoch_seconds"] is None:
+        row("average epoch time", "no whole epoch timed")
+    else:
+        label = "average epoch time" + (" (excluding the first)" if summary["average_epoch_excludes_first"]
+                                        else " (the only epoch)")
+        row(label, number(summary["average_epoch_seconds"], 3), " s")
     step_seconds = summary["step_seconds"]
     row("average step time", None if step_seconds is None else f"{step_seconds * 1000:,.2f}", " ms")
     row("throughput (all ranks)", number(summary["samples_per_second"], 1), " samples/s")
