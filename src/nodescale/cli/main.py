@@ -10,7 +10,17 @@ import sys
 import warnings
 
 from nodescale import __version__
-from nodescale.cli import checkpoint_cmd, config_cmd, jobs_cmd, launch_cmd, list_cmd, train_cmd
+from nodescale.cli import (
+    bench_cmd,
+    checkpoint_cmd,
+    config_cmd,
+    doctor_cmd,
+    jobs_cmd,
+    launch_cmd,
+    list_cmd,
+    report_cmd,
+    train_cmd,
+)
 from nodescale.errors import EXIT_USER_ERROR, UserError
 
 
@@ -25,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     config_cmd.add_parser(subparsers)
     launch_cmd.add_parser(subparsers)
     checkpoint_cmd.add_parser(subparsers)
+    doctor_cmd.add_parser(subparsers)
+    bench_cmd.add_parser(subparsers)
+    report_cmd.add_parser(subparsers)
     jobs_cmd.add_parsers(subparsers)
     list_cmd.add_parsers(subparsers)
     return parser
@@ -42,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except UserError as exc:
-        print(f"nodescale: error: {exc}", file=sys.stderr)
+        from nodescale.dist.local_launch import hand_over_user_error
+
+        if not hand_over_user_error(str(exc)):  # a worker of --nproc: the launcher prints it once
+            print(f"nodescale: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("nodescale: interrupted", file=sys.stderr)

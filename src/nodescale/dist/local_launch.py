@@ -77,6 +77,29 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0) -> i
     return 0
 
 
+def run_cli_locally(argv: Sequence[str], nproc: int) -> int:
+    """``nodescale ARGV`` in ``nproc`` local processes; each finds itself started torchrun-style.
+
+    For subcommands that run on every rank (doctor, bench comm): the workers
+    parse the same arguments, see a launcher in their environment and do their
+    rank's part instead of launching again.
+    """
+    sys.stdout.flush()
+    return launch_local([sys.executable, "-u", "-m", "nodescale", *argv], nproc)
+
+
+def hand_over_user_error(message: str) -> bool:
+    """In a worker of :func:`launch_local`: leave ``message`` for the launcher to print once.
+
+    Returns False outside such a worker (the caller prints it).
+    """
+    error_dir = os.environ.get(ERROR_DIR_VARIABLE)
+    if not error_dir:
+        return False
+    Path(error_dir, f"rank-{os.environ.get('RANK', '0')}.txt").write_text(message)
+    return True
+
+
 def _print_user_errors(error_dir: Path) -> None:
     """Each distinct user error once, with the ranks that hit it."""
     ranks_by_message: dict[str, list[int]] = {}

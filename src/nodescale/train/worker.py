@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-from nodescale.dist.local_launch import ERROR_DIR_VARIABLE
+from nodescale.dist.local_launch import hand_over_user_error
 from nodescale.errors import EXIT_USER_ERROR, UserError
 
 
@@ -22,12 +21,8 @@ def main(argv: list[str]) -> int:
     try:
         run_training(load_config(argv[0]))
     except UserError as exc:
-        rank = os.environ.get("RANK", "0")
-        error_dir = os.environ.get(ERROR_DIR_VARIABLE)
-        if error_dir:  # the local launcher prints each distinct error once
-            Path(error_dir, f"rank-{rank}.txt").write_text(str(exc))
-        else:
-            print(f"nodescale: error (rank {rank}): {exc}", file=sys.stderr)
+        if not hand_over_user_error(str(exc)):  # the local launcher prints each distinct error once
+            print(f"nodescale: error (rank {os.environ.get('RANK', '0')}): {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     return 0
 

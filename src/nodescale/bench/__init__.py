@@ -1,0 +1,1 @@
+"""Benchmarks: collective bandwidth (comm) and training scaling."""

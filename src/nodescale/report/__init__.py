@@ -1,0 +1,7 @@
+"""``nodescale report``: a markdown report (with PNG plots) of training runs and benchmark outputs.
+
+:func:`nodescale.report.build.build_report` is the entry point; each module
+does one job: ``sources`` finds out what a directory is and reads it,
+``markdown`` formats numbers and tables, ``plots`` draws the figures, and one
+``*_section`` module writes each part of the report.
+"""

@@ -1,0 +1,62 @@
+"""The section of a ``nodescale bench comm`` directory: bus bandwidth per collective at the largest size."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from nodescale.report import markdown as md
+from nodescale.report.plots import busbw_figure
+from nodescale.report.run_section import write_figure
+from nodescale.report.sources import CommSource
+
+
+def human_bytes(count: int) -> str:
+    """``134217728`` -> ``"134,217,728 (128 MiB)"``: exact bytes, then the binary unit."""
+    value, unit = float(count), "B"
+    for next_unit in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, next_unit
+    return f"{count:,} ({value:g} {unit})"
+
+
+def largest_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each (op, dtype, in_place), the row of the largest message size."""
+    best: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for row in rows:
+        key = (str(row.get("op")), str(row.get("dtype")), str(row.get("in_place")))
+        if key not in best or int(row.get("bytes") or 0) > int(best[key].get("bytes") or 0):
+            best[key] = row
+    return [best[key] for key in sorted(best)]
+
+
+def _flag(value: Any) -> str:
+    return md.MISSING if value is None else ("yes" if value else "no")
+
+
+def comm_section(comm: CommSource, report_dir: Path, stem: str) -> str:
+    """Markdown for one bench comm directory; writes ``STEM-busbw.png`` (regenerated from results.json)."""
+    parts = [f"## bench comm `{comm.label}`",
+             f"Directory: {md.directory_link(comm.path, report_dir)}. Bandwidths in GB/s (1e9 bytes/s); busbw is "
+             "the bus bandwidth, comparable across collectives and world sizes."]
+    if comm.meta:
+        parts.append(md.table(["", "value"], sorted((key, value) for key, value in comm.meta.items())))
+    shown = [(str(row.get("op")), str(row.get("dtype", md.MISSING)), _flag(row.get("in_place")),
+              human_bytes(int(row.get("bytes") or 0)), str(row.get("world_size", md.MISSING)),
+              md.number(row.get("time_us"), 1), md.number(row.get("algbw_GBps"), 2),
+              md.number(row.get("busbw_GBps"), 2), _flag(row.get("correct"))) for row in largest_rows(comm.rows)]
+    parts.append("Each collective at its largest message size:")
+    parts.append(md.table(["op", "dtype", "in place", "size (bytes)", "processes", "time (µs)", "algbw (GB/s)",
+                           "busbw (GB/s)", "correct"], shown, align_right_from=3))
+    wrong = [row for row in comm.rows if row.get("correct") is False]
+    if wrong:
+        parts.append(f"**{len(wrong)} measurement(s) failed the correctness check**: their bandwidths mean nothing.")
+    parts.append(write_figure(busbw_figure(comm, f"{comm.label}: bus bandwidth"), report_dir, f"{stem}-busbw.png",
+                              f"bus bandwidth of {comm.label}"))
+    own = comm.path / "busbw.png"
+    if own.is_file():
+        target = os.path.relpath(own, report_dir)
+        parts.append(f"The benchmark's own plot: {md.link(target, target)}.")
+    return "\n\n".join(parts)
