@@ -10,9 +10,10 @@ import pytest
 
 from conftest import read_summary, run_cli
 from nodescale.bench import peaks, scaling_math
-from nodescale.bench.scaling import ScalingPlan, check_train_args, collect, display_rows
+from nodescale.bench.scaling import ScalingPlan, check_train_args
 from nodescale.bench.scaling_math import Measurement, scaling_rows
 from nodescale.bench.scaling_plot import EFFICIENCY_LABEL, PROCESSES_LABEL, THROUGHPUT_LABEL, plot_scaling
+from nodescale.bench.scaling_results import collect, display_rows
 from nodescale.cli.run_flags import FLAG_NAMES
 from nodescale.errors import UserError
 

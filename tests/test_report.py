@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import read_summary, run_cli
-from nodescale.bench.scaling import collect, write_outputs
+from nodescale.bench.scaling_results import collect, write_outputs
 from nodescale.errors import UserError
 from nodescale.report.build import build_report
 from nodescale.report.plots import busbw_figure, curves_figure, throughput_figure

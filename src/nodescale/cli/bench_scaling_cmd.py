@@ -137,7 +137,7 @@ def _check_out(plan: Any) -> None:
 
 
 def _collect(args: argparse.Namespace) -> int:
-    from nodescale.bench.scaling import collect, write_outputs
+    from nodescale.bench.scaling_results import collect, write_outputs
 
     sizes = scaling_math.parse_world_sizes(args.world_sizes) if args.world_sizes else None
     if not args.out.is_dir():
@@ -158,7 +158,7 @@ def _print_result(result: dict[str, Any], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from nodescale.bench.scaling import TABLE_HEADERS, display_rows
+    from nodescale.bench.scaling_results import TABLE_HEADERS, display_rows
 
     settings = result["settings"]
     table = Table(title=f"{result['mode']} scaling: {settings['model']} on {settings['dataset']}, "

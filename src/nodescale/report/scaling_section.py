@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodescale.bench.scaling import TABLE_HEADERS, display_rows
 from nodescale.bench.scaling_plot import plot_scaling
+from nodescale.bench.scaling_results import TABLE_HEADERS, display_rows
 from nodescale.report import markdown as md
 from nodescale.report.run_section import write_figure
 from nodescale.report.sources import ScalingSource
