@@ -100,7 +100,8 @@ def test_every_rank_writes_its_shard_of_the_checkpoint(saved_runs: dict[str, Pat
 
     (step, path), _ = list_checkpoints(saved_runs["sharded"])
     assert step == 4 and path.is_dir()
-    assert sorted(f.name for f in path.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "trainer.pt"]
+    assert sorted(f.name for f in path.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json",
+                                                      "trainer.pt"]
     sizes = [(path / f"__{rank}_0.distcp").stat().st_size for rank in (0, 1)]
     assert min(sizes) > 0.3 * max(sizes), sizes  # each holds its share, not one rank everything
     trainer_state = torch.load(path / "trainer.pt", weights_only=True)

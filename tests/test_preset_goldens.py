@@ -152,7 +152,8 @@ def test_what_a_reviewer_checks(preset: str, mode: str) -> None:
         assert start < text.index("\nset -u\n", start) < text.index(launch_line(text))
 
     # The user's command arrives as the launch's last words, never re-quoted into the script.
-    assert text.rstrip("\n").endswith(" ".join(COMMAND)), text[-200:]
+    # (The launch runs in the background, " &", and the requeue handling follows it.)
+    assert f" {' '.join(COMMAND)} &\n" in text, text[-200:]
     assert text.startswith("#!/bin/bash\n") and "\nset -euo pipefail\n" in text
     assert "\ncd /home/user/project\n" in text
 

@@ -133,7 +133,9 @@ def test_slurm_directives_by_mode_and_gpu_request() -> None:
         "--job-name=resnet_ddp", "--nodes=2", "--ntasks-per-node=4", "--cpus-per-task=10", "--gres=gpu:v100:4",
         "--time=02:30:00", "--account=proj_123", "--partition=gpu",
         "--output=/home/user/project/runs/resnet-ddp/slurm-%j.out",
-        "--error=/home/user/project/runs/resnet-ddp/slurm-%j.err", "--mem=0",
+        "--error=/home/user/project/runs/resnet-ddp/slurm-%j.err",
+        "--signal=B:USR1@120", "--requeue", "--open-mode=append",  # preemption: signal ahead, requeue
+        "--mem=0",
     ]
     untyped = gres.model_copy(update={"gpu_type": None})
     spec = golden_spec(gres, "torchrun").model_copy(update={"queue": "debug", "account": None})

@@ -48,9 +48,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _count(flag: str, text: str | None, minimum: int = 1) -> int | None:
+def _count(flag: str, text: str | list[str] | None, minimum: int = 1) -> int | None:
     if text is None:
         return None
+    if isinstance(text, list):  # Python 3.11's argparse turns "--nodes=--" into []
+        text = " ".join(text) or "--"
     if not text.strip().isdigit() or int(text) < minimum:
         raise UserError(f"{flag} {text}", f"must be a whole number, at least {minimum}", f"e.g. {flag} 2")
     return int(text)

@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     if env.source != "single":  # started by torchrun, srun, mpiexec...: we are one of the workers
         if cfg.strategy.nproc != "auto" and env.rank == 0:
             warnings.warn(f"--nproc ignored: {env.source} started {env.world_size} processes", stacklevel=1)
+        if env.rank == 0:
+            _warn_about_restarts_under_a_launcher(cfg, env.source)
         from nodescale.train.run import run_training
 
         run_training(cfg, env)
@@ -61,6 +63,22 @@ def _warn_if_srun_forgotten(source: str) -> None:
         )
 
 
+def _warn_about_restarts_under_a_launcher(cfg: RunConfig, source: str) -> None:
+    """Restarts belong to whoever started the processes; say what nodescale's flag does not do there."""
+    import os
+
+    from nodescale.dist.local_launch import current_restart
+
+    if cfg.checkpoint.max_restarts:
+        warnings.warn(f"--max-restarts ignored: {source} started the processes, so it restarts them "
+                      "(torchrun --max-restarts N; nodescale resumes restarted workers from the newest checkpoint)",
+                      stacklevel=2)
+    restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    if cfg.out is None and current_restart() is None and restarts.isdigit() and int(restarts) > 0:
+        warnings.warn("torchrun may restart the workers, but without --out each attempt starts a new run "
+                      "directory and cannot resume from the last one's checkpoints: pass --out DIR", stacklevel=2)
+
+
 def _run_here(cfg: RunConfig) -> int:
     from nodescale.atomic_files import write_text_atomic
     from nodescale.config.load import dump_yaml
@@ -77,7 +95,8 @@ def _run_here(cfg: RunConfig) -> int:
     if cfg.strategy.name == "deepspeed":
         _check_deepspeed_config(cfg, nproc)
     _check_offload_has_an_accelerator(cfg)
-    if nproc == 1:
+    restarts = cfg.checkpoint.max_restarts
+    if nproc == 1 and not restarts:  # restarts need a process to restart: one worker under the launcher
         from nodescale.train.run import run_training
 
         run_training(cfg)
@@ -92,7 +111,14 @@ def _run_here(cfg: RunConfig) -> int:
         config_path = Path(handoff) / "config.yaml"
         write_text_atomic(config_path, dump_yaml(cfg))
         sys.stdout.flush()
-        return launch_local([sys.executable, "-u", "-m", "nodescale.train.worker", str(config_path)], nproc)
+        code = launch_local([sys.executable, "-u", "-m", "nodescale.train.worker", str(config_path)], nproc,
+                            max_restarts=restarts)
+    if code == 1:
+        # A failure that was not the user's: the checkpoints so far are still good.
+        tried = f"after {restarts} restart{'s' if restarts != 1 else ''}" if restarts else "with --max-restarts 0"
+        print(f"nodescale: training stopped {tried}; continue with `nodescale train --out {cfg.out} --resume` "
+              "(and the same settings), or pass --max-restarts N to restart automatically", file=sys.stderr)
+    return code
 
 
 def _check_deepspeed_config(cfg: RunConfig, world_size: int) -> None:

@@ -41,12 +41,20 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise UserError(f"config file {str(path)!r}", "does not exist or is not a file",
                         "check the path given to --config")
     try:
-        loaded = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"config file {str(path)!r}", f"cannot be read as UTF-8 text ({exc})",
+                        "check the path given to --config; it must be a YAML text file") from None
+    try:
+        loaded = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise UserError(f"config file {str(path)!r}", f"is not valid YAML{where}",
                         "fix the syntax; `nodescale config show` prints a valid file") from None
+    except RecursionError:  # PyYAML recurses once per level of nesting
+        raise UserError(f"config file {str(path)!r}", "is nested too deeply to read",
+                        "a configuration has two levels: sections and their keys") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -62,7 +70,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
         raise UserError(f"--set {text!r}", "must look like KEY=VALUE", "e.g. --set optim.weight_decay=0.05")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # not YAML (or nested past PyYAML's recursion): the text itself
         value = raw
     return key.strip(), value
 

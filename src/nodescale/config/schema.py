@@ -98,6 +98,21 @@ class TrainSection(Section):
     activation_checkpointing: bool = Field(
         False, description="recompute each repeated block's activations in backward instead of keeping them"
     )
+    stop_signals: str = Field(
+        "SIGTERM,SIGUSR1,SIGUSR2", description="signals that make every rank stop at the next step boundary, "
+        "save a checkpoint and exit for requeue (comma-separated; 'none': keep the signals' default actions)"
+    )
+    heartbeat_timeout_s: float = Field(
+        300.0, ge=0, description="fail the job when a rank makes no progress for this many seconds, naming it "
+        "(0: no heartbeat watchdog)"
+    )
+
+    @field_validator("stop_signals")
+    @classmethod
+    def _known_signals(cls, value: str) -> str:
+        from nodescale.train.stop_signals import normalise_signal_names
+
+        return normalise_signal_names(value)
 
 
 class StrategySection(Section):
@@ -154,6 +169,11 @@ class CheckpointSection(Section):
     keep_last: int = Field(2, ge=1, description="checkpoints kept; older ones are deleted")
     at_end: bool = Field(True, description="save a checkpoint when training ends")
     resume: bool = Field(False, description="continue from the newest checkpoint in the run directory")
+    max_restarts: int = Field(
+        0, ge=0, description="number of times every rank is restarted from the newest whole checkpoint after a "
+        "worker process fails (killed, out of memory, an error on one rank); user errors are not retried; "
+        "nodescale's own launcher only (under torchrun: torchrun --max-restarts)"
+    )
     format: Literal["auto", "full", "sharded"] = Field(
         "auto", description="full: one file gathered on rank 0; sharded: every rank writes its shard into a "
         "directory; auto: sharded for fsdp and deepspeed, full otherwise"

@@ -1,25 +1,72 @@
 """Start N local worker processes the way ``torchrun --standalone`` does.
 
 Uses torch's elastic launcher (an agent, a c10d rendezvous on a free local
-port, worker monitoring, restarts), so workers see exactly the environment
-torchrun gives them and the same entry point runs unchanged under torchrun.
+port, worker monitoring), so workers see exactly the environment torchrun
+gives them and the same entry point runs unchanged under torchrun.
+
+Restarts (``max_restarts``) are nodescale's own loop around the launcher
+rather than the agent's: the agent restarts a group whatever the exit code,
+while a user error (exit code 2) would only fail the same way again, so it
+stops the job at once. Restarted workers see ``NODESCALE_RESTART_COUNT`` (and
+torchrun's own restarts set ``TORCHELASTIC_RESTART_COUNT``); either way
+:func:`current_restart` tells them to resume from the newest checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import signal
 import sys
 import tempfile
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from nodescale.errors import EXIT_USER_ERROR
+from nodescale.train.stop_signals import EXIT_REQUEUE
 
 # Workers (nodescale.train.worker) write their user errors into this directory and the
 # launcher prints each distinct one once, instead of N ranks printing the same lines.
 ERROR_DIR_VARIABLE = "NODESCALE_ERROR_DIR"
+# Set by launch_local for the workers of a restarted attempt: which restart, out of how many, and why.
+RESTART_COUNT_VARIABLE = "NODESCALE_RESTART_COUNT"
+MAX_RESTARTS_VARIABLE = "NODESCALE_MAX_RESTARTS"
+RESTART_REASON_VARIABLE = "NODESCALE_RESTART_REASON"
+
+
+@dataclass(frozen=True)
+class Restart:
+    """This worker belongs to a group started again after a failure."""
+
+    count: int  # 1 for the first restart
+    limit: int | None  # the restart budget, where the launcher says it
+    reason: str | None  # e.g. "rank 1 exited with -9 (SIGKILL)", where the launcher knows it
+
+    def describe(self) -> str:
+        """``restart 1 of 3 after rank 1 exited with -9 (SIGKILL)``."""
+        text = f"restart {self.count}" + (f" of {self.limit}" if self.limit else "")
+        return text + (f" after {self.reason}" if self.reason else " (torchrun's agent restarted every rank)")
+
+
+def current_restart() -> Restart | None:
+    """The restart this worker process is part of, or None on a job's first attempt.
+
+    nodescale's launcher sets ``NODESCALE_RESTART_COUNT``; torchrun's agent
+    (``torchrun --max-restarts N``) sets ``TORCHELASTIC_RESTART_COUNT``.
+    """
+    def number(name: str) -> int:
+        text = os.environ.get(name, "")
+        return int(text) if text.isdigit() else 0
+
+    own = number(RESTART_COUNT_VARIABLE)
+    count = own or number("TORCHELASTIC_RESTART_COUNT")
+    if count == 0:
+        return None
+    limit = number(MAX_RESTARTS_VARIABLE) if own else number("TORCHELASTIC_MAX_RESTARTS")
+    return Restart(count, limit or None, os.environ.get(RESTART_REASON_VARIABLE) if own else None)
 
 
 def threads_per_process(nproc: int, cpus: int | None = None) -> int:
@@ -36,8 +83,10 @@ def threads_per_process(nproc: int, cpus: int | None = None) -> int:
 def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0) -> int:
     """Run ``command`` in ``nproc`` local processes, torchrun-style; return the job's exit code.
 
-    Exit code 2 when every failed worker exited 2 (they printed the user
-    error themselves), 1 for any other failure, 0 on success.
+    When a worker fails for any reason but a user error, every worker is
+    stopped and all are started again, up to ``max_restarts`` times. Exit code
+    2 when every failed worker exited 2 (they printed the user error
+    themselves), 1 for any other failure, 0 on success.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -46,35 +95,83 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0) -> i
     # nodescale reports failures itself: each user error once, exit codes per rank.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",  # port 0: the store picks a free port, so jobs never clash
-        max_restarts=max_restarts,
-        monitor_interval=0.1,
-    )
+    restart_variables = (RESTART_COUNT_VARIABLE, MAX_RESTARTS_VARIABLE, RESTART_REASON_VARIABLE)
     with tempfile.TemporaryDirectory(prefix="nodescale-errors-") as error_dir:
         os.environ[ERROR_DIR_VARIABLE] = error_dir
         try:
-            elastic_launch(config, command[0])(*command[1:])
-        except ChildFailedError as exc:
-            codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
-            _print_user_errors(Path(error_dir))
-            # When one rank stops on a user error the agent terminates the others
-            # (negative exit codes: killed by a signal); that is still the user's error.
-            if EXIT_USER_ERROR in codes.values() and all(
-                code == EXIT_USER_ERROR or code < 0 for code in codes.values()
-            ):
-                return EXIT_USER_ERROR
-            details = ", ".join(f"rank {rank} exit code {code}" for rank, code in sorted(codes.items()))
-            print(f"nodescale: worker processes failed: {details}", file=sys.stderr)
-            return 1
+            for attempt in range(max_restarts + 1):
+                config = LaunchConfig(
+                    min_nodes=1,
+                    max_nodes=1,
+                    nproc_per_node=nproc,
+                    run_id=str(uuid.uuid4()),
+                    rdzv_backend="c10d",
+                    rdzv_endpoint="127.0.0.1:0",  # port 0: the store picks a free port, so jobs never clash
+                    max_restarts=0,  # restarts are the loop's: see the module docstring
+                    monitor_interval=0.1,
+                )
+                try:
+                    from nodescale.dist.process_group import loopback_stores
+
+                    with loopback_stores(config):  # the agent's stores listen on 127.0.0.1 only
+                        elastic_launch(config, command[0])(*command[1:])
+                    return 0
+                except ChildFailedError as exc:
+                    codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
+                _print_user_errors(Path(error_dir))
+                # When one rank stops on a user error the agent terminates the others
+                # (negative exit codes: killed by a signal); that is still the user's error,
+                # and restarting would meet it again.
+                if EXIT_USER_ERROR in codes.values() and all(
+                    code == EXIT_USER_ERROR or code < 0 for code in codes.values()
+                ):
+                    return EXIT_USER_ERROR
+                reason = describe_failure(codes)
+                # Ranks that stopped on an agreed stop signal (preemption) were asked to stop, not
+                # broken: the job script requeues on this code, so it is passed on as it is.
+                if codes and all(code == EXIT_REQUEUE for code in codes.values()):
+                    print(f"nodescale: stopped for requeue at a checkpoint ({reason})", file=sys.stderr)
+                    return EXIT_REQUEUE
+                if attempt == max_restarts or EXIT_REQUEUE in codes.values():
+                    print(f"nodescale: worker processes failed: {reason}", file=sys.stderr)
+                    return 1
+                print(f"nodescale: {reason}; restarting all {nproc} processes from the newest checkpoint "
+                      f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr)
+                sys.stderr.flush()
+                _clear(Path(error_dir))
+                os.environ.update({RESTART_COUNT_VARIABLE: str(attempt + 1),
+                                   MAX_RESTARTS_VARIABLE: str(max_restarts), RESTART_REASON_VARIABLE: reason})
         finally:
-            del os.environ[ERROR_DIR_VARIABLE]
-    return 0
+            for name in (ERROR_DIR_VARIABLE, *restart_variables):
+                os.environ.pop(name, None)
+    return 1  # not reached: every attempt returns
+
+
+def describe_failure(codes: dict[int, int]) -> str:
+    """``rank 1 exited with -9 (SIGKILL)``: the ranks that failed first, not those the agent stopped after.
+
+    The agent ends the surviving workers with SIGTERM once one fails; they are
+    named only when nothing else failed.
+    """
+    first = {rank: code for rank, code in codes.items() if code != -signal.SIGTERM} or codes
+    parts = []
+    for rank, code in sorted(first.items()):
+        text = f"rank {rank} exited with {code}"
+        if code < 0:
+            try:
+                text += f" ({signal.Signals(-code).name})"
+            except ValueError:
+                pass
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def _clear(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def run_cli_locally(argv: Sequence[str], nproc: int) -> int:

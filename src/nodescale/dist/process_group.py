@@ -4,23 +4,36 @@ One ``Runtime`` per process says who it is (``DistEnv``), which device it
 drives and whether a process group is up. Start-up binds one device per local
 rank; shutdown follows the sequence that avoids gloo's crash at interpreter
 exit (a work object destroyed during teardown aborts ~30% of runs otherwise).
+
+The c10d store (the key-value server every rank meets at) listens on the job's
+address only where nodescale creates it: torch's ``TCPStore`` binds every interface
+unless it is handed a socket already bound (``master_listen_fd``), so
+:func:`listening_store` binds one to ``MASTER_ADDR`` (or loopback) first. See
+docs/security.md for what torch's own launchers still open.
 """
 
 from __future__ import annotations
 
 import gc
+import ipaddress
 import logging
 import os
+import socket
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from nodescale.dist.env import DistEnv
+from nodescale.dist.env import LOOPBACK, DistEnv
 
 log = logging.getLogger(__name__)
+
+# Set to "any" to let torch bind the store to every interface, as it does by default.
+STORE_BIND_VARIABLE = "NODESCALE_STORE_BIND"
 
 
 @dataclass
@@ -95,12 +108,117 @@ def start(env: DistEnv, backend: str = "auto", timeout_s: float = 600.0, group: 
         os.environ["MASTER_ADDR"] = env.master_addr
         os.environ["MASTER_PORT"] = str(env.master_port)
         os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank))
-        kwargs = {"device_id": device} if name == "nccl" else {}
-        dist.init_process_group(
-            name, init_method="env://", rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs
-        )
+        kwargs: dict[str, object] = {"device_id": device} if name == "nccl" else {}
+        store = _job_store(env, timeout)
+        if store is not None:
+            kwargs["store"] = store
+        else:
+            kwargs["init_method"] = "env://"
+        dist.init_process_group(name, rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs)
     log.debug("rank %d/%d joined %s group on %s", env.rank, env.world_size, name, device)
     return Runtime(env, device, name)
+
+
+def _job_store(env: DistEnv, timeout: timedelta) -> dist.Store | None:
+    """The store ``init_process_group("env://")`` would make, its server listening on MASTER_ADDR only.
+
+    None where torch's own ``env://`` path should run instead: under torchrun (its agent
+    hosts the store; every rank is a client), when ``NODESCALE_STORE_BIND=any``, or when
+    rank 0 cannot bind MASTER_ADDR (torch then binds every interface, as it always does).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or os.environ.get(STORE_BIND_VARIABLE) == "any":
+        return None
+    if env.rank != 0:
+        store: dist.Store | None = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,
+                                                 timeout=timeout)
+    else:
+        host = bind_address(env.master_addr, whole_job_here=env.local_world_size == env.world_size)
+        store = listening_store(host, env.master_port, env.world_size, timeout) if host is not None else None
+    # init_process_group prefixes the keys of the store it makes for env://, not of one it is given:
+    # the same prefix here keeps both kinds of rank (and a server shared with the doctor) in step.
+    return dist.PrefixStore("default_pg", store) if store is not None else None
+
+
+def bind_address(master_addr: str, whole_job_here: bool) -> str | None:
+    """The address the store should listen on for ``master_addr``; None for every interface.
+
+    A name is resolved as the other ranks would resolve it. A loopback result serves a job
+    on several nodes only if the name means something else elsewhere (Debian's ``127.0.1.1``
+    line for the host's own name): then only every interface is sure to reach them all.
+    """
+    try:
+        infos = socket.getaddrinfo(master_addr, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    addresses = [str(info[4][0]) for info in infos]
+    if not addresses:
+        return None
+    address = next((a for a in addresses if ":" not in a), addresses[0])  # IPv4 first, as env.py does
+    if ipaddress.ip_address(address.split("%")[0]).is_loopback and not whole_job_here:
+        return None
+    return address
+
+
+def listening_store(host: str, port: int, world_size: int | None, timeout: timedelta,
+                    wait_for_workers: bool = True) -> dist.TCPStore | None:
+    """A multi-tenant ``TCPStore`` server whose socket listens on ``host`` only; None if it cannot bind.
+
+    torch binds its server socket to every interface; given ``master_listen_fd`` it listens
+    on that socket instead. Multi-tenant: another ``TCPStore(host, port, is_master=True,
+    multi_tenant=True)`` in this process (torch's c10d rendezvous backend) shares the server.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch does: restarts reuse the port
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        log.debug("could not listen on %s:%d (%s); torch binds the store itself", host, port, exc)
+        return None
+    bound_port = sock.getsockname()[1]
+    # The server owns the descriptor from here on (detach: Python must not close it under it).
+    return dist.TCPStore(host, bound_port, world_size, is_master=True, timeout=timeout,
+                         wait_for_workers=wait_for_workers, multi_tenant=True, master_listen_fd=sock.detach())
+
+
+@contextmanager
+def loopback_stores(config: object) -> Iterator[None]:
+    """Make a local ``elastic_launch`` with ``config`` keep its c10d stores on 127.0.0.1.
+
+    torch's elastic agent starts two ``TCPStore`` servers, both bound to every interface: the
+    rendezvous store at ``config.rdzv_endpoint`` and the one the workers share. Inside this
+    context the first is replaced by a loopback-only server on a free port (torch's backend,
+    multi-tenant, reuses it), the second is created on loopback, and the workers are told
+    ``MASTER_ADDR=127.0.0.1``. Where torch's internals differ from what this expects, the
+    launch goes ahead as torch would do it (see docs/security.md).
+    """
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    rendezvous_store = listening_store(LOOPBACK, 0, None, timedelta(seconds=60), wait_for_workers=False)
+    handler = dynamic_rendezvous.DynamicRendezvousHandler
+    original = getattr(handler, "_create_tcp_store_server", None)
+    if rendezvous_store is None or original is None:
+        yield
+        return
+
+    def _loopback_server(self: object, master_addr: str, master_port: int) -> dist.TCPStore:
+        store = listening_store(master_addr, master_port, None, timedelta(seconds=60), wait_for_workers=False) \
+            if master_addr == LOOPBACK else None
+        return store if store is not None else original(self, master_addr, master_port)
+
+    saved = {name: getattr(config, name) for name in ("rdzv_endpoint", "local_addr")}
+    config.rdzv_endpoint = f"{LOOPBACK}:{rendezvous_store.port}"  # type: ignore[attr-defined]
+    config.local_addr = LOOPBACK  # type: ignore[attr-defined]
+    handler._create_tcp_store_server = _loopback_server  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        handler._create_tcp_store_server = original  # type: ignore[method-assign]
+        for name, value in saved.items():
+            setattr(config, name, value)
+        del rendezvous_store
 
 
 def barrier(runtime: Runtime) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import shell
+from nodescale.launch import requeue, shell
 from nodescale.launch.spec import JobSpec, Preset
 
 # PBS Pro refuses longer job names.
@@ -44,6 +44,7 @@ _LOCAL_RANK = (
 )
 # With one process per node the MPI rank is the node's index. No fallback to 0: every node
 # would then host the rendezvous store and the job would hang instead of failing at once.
+_TORCHRUN_SIGNALS = f"export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIG{requeue.SIGNAL}"
 _NODE_RANK = "${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}"
 
 
@@ -64,7 +65,7 @@ def render_pbs(spec: JobSpec, preset: Preset) -> str:
         ["#!/bin/bash", *shell.header_lines(spec, preset), *(f"#PBS {d}" for d in directives(spec, preset))],
         shell.prologue_lines(spec, preset, cd_comment),
         shell.rendezvous_block(_HEAD, "PBS_JOBID", env, _WHY_HEAD),
-        launch_lines(spec, preset, list(env)),
+        *run_lines(spec, preset, list(env)),
     ]
     return "\n".join(shell.paragraphs(blocks)) + "\n"
 
@@ -135,6 +136,39 @@ def mpiexec_words(spec: JobSpec, preset: Preset, total: int, per_node: int, env_
     return words
 
 
+def walltime_seconds(time: str) -> int:
+    """``[D-]HH:MM:SS`` in seconds."""
+    days, _, clock = time.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def run_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[list[str]]:
+    """The launch; with requeue, in the background with the signal passed on and ``qrerun`` after it."""
+    if not spec.requeue:
+        return [launch_lines(spec, preset, env_names)]
+    lead = spec.stop_warning_s
+    timer_at = walltime_seconds(spec.time) - lead
+    why = [
+        "# Preemption and wall time: PBS warns no one before the wall time, so this script sends",
+        f"# itself {requeue.SIGNAL} {lead} s before it; `qsig -s {requeue.SIGNAL} JOBID` does the same at any time.",
+        "# The trap passes it on to mpiexec, which passes it on to the processes it started. The ranks",
+        "# stop at the next step boundary, checkpoint and exit; the job is then rerun with qrerun",
+        "# (a `nodescale train --out DIR --resume` command continues).",
+    ]
+    # Its output goes nowhere and it is stopped after the launch: it must not keep the job's output open.
+    timer = [f"( sleep {timer_at} && kill -{requeue.SIGNAL} $$ ) >/dev/null 2>&1 &", "timer_pid=$!"]
+    stop_timer = ['kill "$timer_pid" 2>/dev/null || true']
+    if timer_at <= 0:
+        timer = stop_timer = []
+    return [
+        [*why, *requeue.marker_lines(str(spec.job_dir), "PBS_JOBID"), *timer],
+        [*requeue.background_launch(launch_lines(spec, preset, [*env_names, requeue.REQUEUE_FILE_VARIABLE])),
+         *stop_timer],
+        requeue.requeue_lines('qrerun "$PBS_JOBID"', "rerunning PBS job $PBS_JOBID"),
+    ]
+
+
 def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[str]:
     """The comment and the ``mpiexec`` line that start the job's processes, by mode."""
     nodes, nproc = spec.nodes, spec.nproc_per_node
@@ -142,20 +176,27 @@ def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[st
            "# it with every process it starts."]
     if preset.mpiexec == "openmpi":
         why.append("# -x: Open MPI's daemons on other nodes pass on only the variables named so.")
+    ignore = [requeue.IGNORE_LINE] if spec.requeue else []
     if spec.mode == "spawn":
         launcher = mpiexec_words(spec, preset, 1, 1, env_names)
         comment = ["# Spawn mode: the command runs once, on one node, and starts its own processes.", *why]
-        return [*comment, *shell.launch_command(launcher, preset.container, None, "", spec.command)]
+        spawn_script = [*ignore, 'exec "$@"'] if ignore else None
+        return [*comment, *shell.launch_command(launcher, preset.container, spawn_script, "nodescale-spawn",
+                                                spec.command)]
     if spec.mode == "torchrun":
         launcher = mpiexec_words(spec, preset, nodes, 1, env_names)
         script = shell.torchrun_script(nodes, nproc, _NODE_RANK, "$PBS_JOBID")
+        if spec.requeue:
+            # mpiexec signals torchrun only, not its workers: torchrun passes USR1 on when told to
+            # handle it (and gives the workers its --shutdown-timeout, 30 s, before killing them).
+            script = [_TORCHRUN_SIGNALS, *script]
         comment = [f"# torchrun mode: one torchrun per node, each starting {nproc} processes."]
         name = "nodescale-node"
     else:
         launcher = mpiexec_words(spec, preset, nodes * nproc, nproc, env_names)
         # PALS names the node; MPICH and Open MPI place ranks in blocks of nproc per node.
-        script = shell.per_task_script(_RANK, _LOCAL_RANK, str(nodes * nproc), nproc,
-                                       f"${{PALS_NODEID:-$(( RANK / {nproc} ))}}")
+        script = [*ignore, *shell.per_task_script(_RANK, _LOCAL_RANK, str(nodes * nproc), nproc,
+                                                  f"${{PALS_NODEID:-$(( RANK / {nproc} ))}}")]
         comment = ["# per-gpu mode: one MPI rank per process, given torchrun's variables from the MPI ones."]
         name = "nodescale-task"
     comment += [*why, shell.ARGS_COMMENT]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import shell
+from nodescale.launch import requeue, shell
 from nodescale.launch.spec import JobSpec, Preset
 
 # The job's logs, inside spec.job_dir; %j is Slurm's job id.
@@ -49,7 +49,7 @@ def render_slurm(spec: JobSpec, preset: Preset) -> str:
             spec, preset, ["# Run in the job's directory, whatever directory sbatch was called from."]
         ),
         shell.rendezvous_block(_HEAD, "SLURM_JOB_ID", env, _WHY_HEAD),
-        launch_lines(spec, preset),
+        *run_lines(spec, preset),
     ]
     return "\n".join(shell.paragraphs(blocks)) + "\n"
 
@@ -71,6 +71,11 @@ def directives(spec: JobSpec, preset: Preset) -> list[str]:
     if queue:
         options.append(f"--partition={word(queue, 'partition')}")
     options += [f"--output={log_path(spec, STDOUT_NAME)}", f"--error={log_path(spec, STDERR_NAME)}"]
+    if spec.requeue:
+        # B: signals the batch shell only; its trap passes the signal on to the job step. The logs
+        # are appended to: a requeued job writes the same files again. Before the preset's lines,
+        # which may override them.
+        options += [f"--signal=B:{requeue.SIGNAL}@{spec.stop_warning_s}", "--requeue", "--open-mode=append"]
     options += [shell.check_line(line, "preset directive") for line in preset.directives]
     return options
 
@@ -110,6 +115,24 @@ def word(value: str, what: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def run_lines(spec: JobSpec, preset: Preset) -> list[list[str]]:
+    """The launch; with requeue, in the background with the signal passed on and requeue after it."""
+    if not spec.requeue:
+        return [launch_lines(spec, preset)]
+    why = [
+        f"# Preemption and wall time: {spec.stop_warning_s} s before the end Slurm sends {requeue.SIGNAL} to this "
+        "script",
+        "# (--signal, or `scancel --signal=USR1 --batch`); srun passes it on to every process of the step.",
+        "# The ranks stop at the next step boundary, checkpoint and exit; the job is then requeued and",
+        "# runs this script again (a `nodescale train --out DIR --resume` command continues).",
+    ]
+    return [
+        [*why, *requeue.marker_lines(str(spec.job_dir), "SLURM_JOB_ID")],
+        requeue.background_launch(launch_lines(spec, preset)),
+        requeue.requeue_lines('scontrol requeue "$SLURM_JOB_ID"', 'requeueing Slurm job $SLURM_JOB_ID'),
+    ]
+
+
 def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
     """The comment and the ``srun`` line that start the job's processes, by mode."""
     options = [f"--cpus-per-task={shell.cpus_per_task(spec, preset)}"]
@@ -120,10 +143,13 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
         "# --cpus-per-task is repeated on srun: Slurm 22.05 to 23.02 do not pass the job's value on",
         "# to steps, and every task would get one core.",
     ]
+    ignore = [requeue.IGNORE_LINE] if spec.requeue else []
     if spec.mode == "spawn":
         launcher = ["srun", "--nodes=1", "--ntasks=1", *options]
         comment = ["# Spawn mode: the command runs once, on one node, and starts its own processes.", *why]
-        return [*comment, *shell.launch_command(launcher, preset.container, None, "", spec.command)]
+        spawn_script = [*ignore, 'exec "$@"'] if ignore else None
+        return [*comment, *shell.launch_command(launcher, preset.container, spawn_script, "nodescale-spawn",
+                                                spec.command)]
     options.append("--kill-on-bad-exit=1")
     why.append("# --kill-on-bad-exit: one failed task ends the step instead of leaving the others waiting.")
     if spec.mode == "torchrun":
@@ -138,4 +164,4 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
         comment = ["# per-gpu mode: one Slurm task per process, given torchrun's variables from Slurm's."]
         name = "nodescale-task"
     comment += [*why, shell.ARGS_COMMENT]
-    return [*comment, *shell.launch_command(launcher, preset.container, script, name, spec.command)]
+    return [*comment, *shell.launch_command(launcher, preset.container, [*ignore, *script], name, spec.command)]

@@ -13,9 +13,12 @@ uninterrupted one.
   optimiser) beside them. It must be on a file system every node sees.
 
 Both are atomic: a file is renamed into place, a directory is written as
-``step-NNNNNNNN.partial`` and renamed when every rank has finished. The newest
-``keep_last`` are kept; resuming skips one that does not load and takes the one
-before.
+``step-NNNNNNNN.partial`` and renamed when every rank has finished. Each has a
+manifest, ``step-NNNNNNNN.manifest.json`` beside a file, with every file's size and
+SHA-256 (:mod:`nodescale.train.manifest`); a directory has its own inside,
+``manifest.json``, so it travels with the directory. The newest ``keep_last`` are kept;
+resuming checks the manifest, skips a checkpoint that is damaged, incomplete or
+does not load, and takes the one before.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 
 from nodescale.atomic_files import write_atomic
 from nodescale.errors import UserError
+from nodescale.train import manifest
 
 FORMAT = "nodescale-checkpoint/1"
 TRAINER_FILE = "trainer.pt"  # inside a sharded checkpoint directory
@@ -53,6 +57,16 @@ def is_sharded(path: Path) -> bool:
     return path.is_dir()
 
 
+def manifest_path(run_dir: Path, step: int) -> Path:
+    """The manifest of the full checkpoint file of ``step``, beside it."""
+    return checkpoint_dir(run_dir) / f"step-{step:08d}.manifest.json"
+
+
+def _manifest_of(path: Path) -> Path:
+    """A directory's manifest is inside it; a file's is beside it."""
+    return path / manifest.DIRECTORY_MANIFEST if is_sharded(path) else path.with_suffix(".manifest.json")
+
+
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every checkpoint (file or sharded directory) in the run, oldest first."""
     directory = checkpoint_dir(run_dir)
@@ -68,9 +82,12 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def save(run_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
-    """Write ``state`` as the checkpoint file of ``step`` and delete all but the newest ``keep_last``."""
+    """Write ``state`` as the checkpoint file of ``step``, then its manifest; keep the newest ``keep_last``."""
     path = checkpoint_path(run_dir, step)
+    manifest_path(run_dir, step).unlink(missing_ok=True)  # a same-step save of a resumed run: never a stale one
     write_atomic(path, lambda handle: torch.save({"format": FORMAT, **state}, handle))
+    # Read back from the page cache: the checksum is of what the file system holds.
+    manifest.write(manifest_path(run_dir, step), manifest.describe_files(path.parent, [path.name]))
     _prune(run_dir, keep_last)
     return path
 
@@ -89,9 +106,46 @@ def begin_sharded(run_dir: Path, step: int) -> Path:
 
 
 def finish_sharded(run_dir: Path, step: int, trainer_state: dict[str, Any], keep_last: int) -> Path:
-    """Rank 0, after every rank wrote its shards: add the trainer state and rename into place."""
+    """Rank 0, after every rank wrote its shards: add the trainer state, the manifest, and rename into place.
+
+    Without a process group of more than one rank; :func:`write_sharded` shares
+    the hashing out among the ranks instead.
+    """
+    add_trainer_state(run_dir, step, trainer_state)
+    write_sharded_manifest(run_dir, step, sharded_files(run_dir, step), collective=False)
+    return publish_sharded(run_dir, step, keep_last)
+
+
+def add_trainer_state(run_dir: Path, step: int, trainer_state: dict[str, Any]) -> None:
+    """Rank 0: write ``trainer.pt`` into the partial directory of ``step``."""
+    write_atomic(partial_dir(run_dir, step) / TRAINER_FILE,
+                 lambda handle: torch.save({"format": FORMAT, **trainer_state}, handle))
+
+
+def sharded_files(run_dir: Path, step: int) -> list[str]:
+    """Every file in the partial directory of ``step`` but its manifest, relative to it, sorted."""
     partial = partial_dir(run_dir, step)
-    write_atomic(partial / TRAINER_FILE, lambda handle: torch.save({"format": FORMAT, **trainer_state}, handle))
+    names = (str(f.relative_to(partial)) for f in partial.rglob("*") if f.is_file())
+    return sorted(name for name in names if name != manifest.DIRECTORY_MANIFEST)
+
+
+def write_sharded_manifest(run_dir: Path, step: int, names: list[str], collective: bool) -> None:
+    """Hash the files of the partial directory of ``step`` and write its manifest into it.
+
+    With ``collective``, every rank calls it with the same ``names`` and hashes
+    its share; only rank 0 (of the default group) writes.
+    """
+    partial = partial_dir(run_dir, step)
+    files = manifest.describe_files(partial, names, collective)
+    group = manifest.process_group() if collective else None
+    if group is None or group[0] == 0:
+        # Written before the rename: a directory under its final name always has its manifest.
+        manifest.write(partial / manifest.DIRECTORY_MANIFEST, files)
+
+
+def publish_sharded(run_dir: Path, step: int, keep_last: int) -> Path:
+    """Rank 0: rename the partial directory of ``step`` into place and prune old checkpoints."""
+    partial = partial_dir(run_dir, step)
     final = sharded_checkpoint_path(run_dir, step)
     if final.exists():  # the same step saved again (a resumed run): replace it
         stale = final.with_name(final.name + ".stale")
@@ -111,7 +165,8 @@ def write_sharded(run_dir: Path, step: int, is_main: bool, barrier: Callable[[],
     """Every rank: write a sharded checkpoint of ``step``; returns its final path.
 
     ``write_shards(directory)`` is the strategy's collective save; ``trainer_state()``
-    is called on rank 0 only, after the shards are complete.
+    is called on rank 0 only, after the shards are complete. The ranks then hash
+    the directory's files, each its share, and rank 0 writes the manifest.
     """
     if is_main:
         begin_sharded(run_dir, step)
@@ -119,18 +174,41 @@ def write_sharded(run_dir: Path, step: int, is_main: bool, barrier: Callable[[],
     write_shards(partial_dir(run_dir, step))
     barrier()  # every shard is on disk before the directory becomes visible
     final = sharded_checkpoint_path(run_dir, step)
+    names: list[Any] = [None]
     if is_main:
-        finish_sharded(run_dir, step, trainer_state(), keep_last)
+        add_trainer_state(run_dir, step, trainer_state())
+        names = [sharded_files(run_dir, step)]
+    collective = manifest.process_group() is not None
+    if collective:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(names, src=0)  # rank 0's listing: one list, whatever each node's cache shows
+    write_sharded_manifest(run_dir, step, names[0], collective)
+    if is_main:
+        publish_sharded(run_dir, step, keep_last)
     barrier()  # nobody reads or prunes checkpoints while rank 0 renames
     return final
 
 
 def _prune(run_dir: Path, keep_last: int) -> None:
-    for _, old in list_checkpoints(run_dir)[:-keep_last]:
+    """Delete all but the newest ``keep_last`` checkpoints, and what killed saves left behind."""
+    for step, old in list_checkpoints(run_dir)[:-keep_last]:
         if old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.unlink(missing_ok=True)
+        manifest_path(run_dir, step).unlink(missing_ok=True)
+    kept = {_manifest_of(path) for _, path in list_checkpoints(run_dir)}
+    directory = checkpoint_dir(run_dir)
+    # Only rank 0 saves, one step at a time, and this runs after its save: nothing here is in flight.
+    for leftover in directory.glob("step-*.manifest.json"):
+        if leftover not in kept:  # its file was pruned or deleted
+            leftover.unlink(missing_ok=True)
+    for leftover in [*directory.glob(".step-*.tmp-*"), *directory.glob("step-*.partial")]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
 
 
 # What must be the same for the saved weights and optimiser state to fit the resumed run.
@@ -158,16 +236,56 @@ def check_compatible(state: dict[str, Any], current: dict[str, Any], path: Path)
         )
 
 
-def load_newest(run_dir: Path) -> tuple[dict[str, Any], Path] | None:
-    """The newest checkpoint that loads, or ``None`` when the run has none.
+def verify(path: Path, collective: bool = False) -> manifest.Problem | None:
+    """What is wrong with checkpoint ``path`` according to its manifest, or None when it is whole.
+
+    With ``collective``, every rank of the default process group calls it for
+    the same checkpoint and hashes its share of the files.
+    """
+    return manifest.problem(_manifest_of(path), collective, prefix=f"{path.name}/" if is_sharded(path) else "")
+
+
+def _check_same_candidates(run_dir: Path, candidates: list[tuple[int, Path]]) -> None:
+    """Every rank must see the same checkpoints to check them together (and to resume from the same one)."""
+    seen = manifest.all_gather([path.name for _, path in candidates])
+    if any(names != seen[0] for names in seen):
+        differing = [rank for rank, names in enumerate(seen) if names != seen[0]]
+        raise UserError(f"checkpoints in {checkpoint_dir(run_dir)}",
+                        f"ranks {', '.join(map(str, differing))} see other checkpoints there than rank 0",
+                        "put --out on a file system every node sees (not a node's local disk)")
+
+
+def load_newest(run_dir: Path, collective: bool = False) -> tuple[dict[str, Any], Path] | None:
+    """The newest whole checkpoint that loads, or ``None`` when the run has none.
 
     For a sharded checkpoint the state is its trainer state only: the strategy
-    reads the model and optimiser from the directory. A file that fails to load
-    (truncated, corrupt) is reported and skipped in favour of the one before it;
-    if none loads, that is an error.
+    reads the model and optimiser from the directory. Each candidate's manifest
+    is checked first (sizes, then SHA-256). One that is truncated, corrupt,
+    incomplete or does not load is reported with a warning naming the file and
+    skipped in favour of the one before it; if none is left, that is an error.
+    A full file without a manifest (its save was killed between the file and
+    the manifest, or it was copied alone) is whole, being renamed into place
+    when complete: it is loaded, with a warning that it could not be checked.
+    A directory without one is skipped: nothing says every shard is there
+    (its manifest is written inside it before the rename, and copied with it).
+
+    With ``collective`` (every rank of the default process group calls it), the
+    ranks share the hashing and agree on the verdicts; only rank 0 warns.
     """
+    group = manifest.process_group() if collective else None
+    speaks = group is None or group[0] == 0
     candidates = list_checkpoints(run_dir)
+    if group is not None:
+        _check_same_candidates(run_dir, candidates)
     for _, path in reversed(candidates):
+        wrong = verify(path, collective)
+        if wrong is not None and not (wrong.manifest_missing and not is_sharded(path)):
+            if speaks:
+                warnings.warn(f"checkpoint {path} {wrong.text}; trying an older one", stacklevel=2)
+            continue
+        if wrong is not None and speaks:
+            warnings.warn(f"checkpoint {path} {wrong.text}: loading it without checking its contents",
+                          stacklevel=2)
         try:
             state = torch.load(path / TRAINER_FILE if is_sharded(path) else path, map_location="cpu",
                                weights_only=True)
@@ -180,6 +298,7 @@ def load_newest(run_dir: Path) -> tuple[dict[str, Any], Path] | None:
             continue
         return state, path
     if candidates:
-        raise UserError(f"checkpoints in {checkpoint_dir(run_dir)}", "none of them loads",
-                        "start afresh without --resume, or restore a good copy")
+        raise UserError(f"checkpoints in {checkpoint_dir(run_dir)}",
+                        "none of them loads: each is damaged, incomplete or unreadable (see the warnings above)",
+                        "start afresh without --resume, or restore a good copy of a checkpoint and its manifest")
     return None

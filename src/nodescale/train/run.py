@@ -21,7 +21,9 @@ from nodescale.data.loader import StepLoader
 from nodescale.data.registry import get_format
 from nodescale.data.sharding import ShardPlan
 from nodescale.dist.env import DistEnv, detect
+from nodescale.dist.local_launch import current_restart
 from nodescale.dist.process_group import Runtime, barrier, shutdown, start
+from nodescale.dist.watchdog import Watchdog, open_store
 from nodescale.errors import UserError
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
 from nodescale.models.registry import build_model
@@ -30,13 +32,19 @@ from nodescale.train import checkpoint
 from nodescale.train.console import Console
 from nodescale.train.metrics_log import MetricsLog
 from nodescale.train.optim import make_optimizer, make_scheduler
+from nodescale.train.preemption import StopRequest, write_requeue_file
 from nodescale.train.rundir import check_run_dir, default_run_dir
+from nodescale.train.stop_signals import EXIT_REQUEUE, parse_signals
 from nodescale.train.summary import gather_summary, summary_table
 from nodescale.train.trainer import Trainer
 
 
 def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
-    """Train as one rank of the job described by ``env`` (detected if omitted); return the summary."""
+    """Train as one rank of the job described by ``env`` (detected if omitted); return the summary.
+
+    On an agreed stop signal (``train.stop_signals``) every rank checkpoints the step and leaves
+    with ``SystemExit(EXIT_REQUEUE)`` once the process group is shut down.
+    """
     started = time.perf_counter()
     env = env or detect()
     strategy = make_strategy(cfg.strategy, cfg.train.precision)
@@ -47,15 +55,56 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
             "use --strategy ddp, or launch one process",
         )
     runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=strategy.needs_process_group)
+    # Before anything slow: a signal during start-up is kept until the first step boundary.
+    stop = StopRequest(parse_signals(cfg.train.stop_signals), runtime.distributed)
+    watchdog = _start_watchdog(cfg, runtime)
     try:
-        summary = _train(cfg, runtime, strategy, started)
+        summary = _train(cfg, runtime, strategy, started, stop, watchdog)
     except BaseException:
         # Another rank may never reach a barrier now: leave without one.
+        stop.close(wait=False)
+        if watchdog is not None:
+            watchdog.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
         raise
+    stop.close()
+    if watchdog is not None:
+        watchdog.stop()
     shutdown(runtime)
+    if summary.get("stopped_by"):
+        raise SystemExit(summary["exit_code"])
     return summary
+
+
+def _start_watchdog(cfg: RunConfig, runtime: Runtime) -> Watchdog | None:
+    """Every rank's heartbeat thread, when there are other ranks to watch and a timeout is set."""
+    timeout = cfg.train.heartbeat_timeout_s
+    if not runtime.distributed or runtime.world_size < 2 or timeout <= 0:
+        return None
+    watchdog = Watchdog(open_store(timeout), runtime.rank, runtime.world_size, timeout)
+    watchdog.start()
+    return watchdog
+
+
+def _leave_for_requeue(trainer: Trainer, runtime: Runtime, metrics: MetricsLog, console: Console) -> dict[str, Any]:
+    """After the agreed stop's checkpoint: say so, leave the requeue marker, pick the exit code."""
+    cfg, step = trainer.cfg, trainer.position.global_step
+    resumable = cfg.checkpoint.resume
+    code = EXIT_REQUEUE if resumable else 1
+    if runtime.is_main:
+        metrics.write({"kind": "stopped", "step": step, "signal": trainer.stopped_by, "exit_code": code})
+        if resumable:
+            marker = write_requeue_file(trainer.run_dir)
+            where = f"; requeue marker {marker}" if marker else ""
+            console.note(f"{trainer.stopped_by}: every rank stopped at step {step}, checkpoint written; "
+                         f"exiting with code {code} for requeue{where}")
+        else:
+            console.note(f"{trainer.stopped_by}: every rank stopped at step {step}, checkpoint written; not "
+                         f"requeued (exit code {code}): continue with --out {trainer.run_dir} --resume")
+    metrics.close()
+    return {"stopped_by": trainer.stopped_by, "exit_code": code, "global_step": step,
+            "run_dir": str(trainer.run_dir)}
 
 
 def _agree_run_dir(cfg: RunConfig, runtime: Runtime) -> Path:
@@ -65,9 +114,10 @@ def _agree_run_dir(cfg: RunConfig, runtime: Runtime) -> Path:
     return Path(chosen[0])
 
 
-def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float) -> dict[str, Any]:
+def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float, stop: StopRequest | None = None,
+           watchdog: Watchdog | None = None) -> dict[str, Any]:
     run_dir = _agree_run_dir(cfg, runtime)
-    cfg = cfg.model_copy(update={"out": run_dir})
+    cfg = _resume_after_restart(cfg.model_copy(update={"out": run_dir}))
     if runtime.is_main:
         check_run_dir(run_dir, cfg.checkpoint.resume)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -118,7 +168,10 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float) -> d
     if runtime.is_main:  # after a resume was accepted: a refused one leaves the run's own settings
         write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
 
+    trainer.stop, trainer.watchdog = stop, watchdog
     trainer.fit()
+    if trainer.stopped_by:
+        return _leave_for_requeue(trainer, runtime, metrics, console)
     summary = gather_summary(cfg, runtime, trainer.timing, trainer.position.as_dict(), trainer.last_eval,
                              trainer.peak_memory(), trainer.footprint, time.perf_counter() - started)
     summary["run_dir"] = str(run_dir)
@@ -129,10 +182,20 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float) -> d
     return summary
 
 
+def _resume_after_restart(cfg: RunConfig) -> RunConfig:
+    """A worker of a restarted group (a rank failed; ``--max-restarts``) continues the run: it resumes."""
+    if current_restart() is None or cfg.checkpoint.resume:
+        return cfg
+    return cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"resume": True})})
+
+
 def _resume(trainer: Trainer, run_dir: Path, console: Console) -> None:
-    found = checkpoint.load_newest(run_dir)
+    restart = current_restart()
+    # Every rank takes part: they share the checksums of the candidates and agree on one.
+    found = checkpoint.load_newest(run_dir, collective=True)
     if found is None:
-        console.note(f"--resume: no checkpoint in {run_dir}; starting from scratch")
+        start = f"{restart.describe()}: " if restart else "--resume: "
+        console.note(f"{start}no checkpoint in {run_dir}; starting from scratch")
         return
     state, path = found
     checkpoint.check_compatible(state, trainer.cfg.model_dump(mode="json"), path)
@@ -142,4 +205,7 @@ def _resume(trainer: Trainer, run_dir: Path, console: Console) -> None:
         first_line = str(exc).strip().splitlines()[0]
         raise UserError(f"--resume from {path}", f"the checkpoint does not fit this run ({first_line})",
                         "resume with the settings the run was started with, or use another --out") from None
-    console.note(f"resumed from {path} (step {trainer.position.global_step})")
+    if restart:
+        console.note(f"{restart.describe()}: resuming from {path.name} (step {trainer.position.global_step})")
+    else:
+        console.note(f"resumed from {path} (step {trainer.position.global_step})")

@@ -22,6 +22,7 @@ from torch import nn
 from nodescale.config.schema import RunConfig
 from nodescale.data.loader import StepLoader
 from nodescale.dist.process_group import Runtime, barrier
+from nodescale.dist.watchdog import Watchdog
 from nodescale.errors import UserError
 from nodescale.models.spec import Task
 from nodescale.strategies.base import Footprint, Strategy, Updater
@@ -31,6 +32,7 @@ from nodescale.train.console import Console
 from nodescale.train.evaluate import EvalResult, evaluate
 from nodescale.train.loss import per_sample_loss
 from nodescale.train.metrics_log import MetricsLog
+from nodescale.train.preemption import StopRequest
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -98,6 +100,9 @@ class Trainer:
         self.timing = Timing()
         self.last_eval: EvalResult | None = None
         self.footprint: Footprint | None = None  # measured once, before an optimiser step
+        self.stop: StopRequest | None = None  # set by run_training: stop signals, agreed at step boundaries
+        self.watchdog: Watchdog | None = None  # set by run_training: the heartbeat of this rank
+        self.stopped_by: str | None = None  # the stop signal that ended fit() early, if one did
         precision = cfg.train.precision
         # fp32 needs no autocast context at all: entering a disabled one still costs every step.
         self.autocast: AbstractContextManager[Any] = (
@@ -247,13 +252,18 @@ class Trainer:
                 if every and step % every == 0:
                     clock.pause()
                     epoch_clock.pause()
-                    with window.excluded():
+                    with window.excluded(), self._pause_watchdog():
                         self.save_checkpoint()
                     epoch_clock.start()
                     clock.start()
                 self.console.advance(step)
+                if self.watchdog is not None:
+                    self.watchdog.beat(step)
                 if self._done():
                     break
+                if self.stop is not None and self.stop.agreed():
+                    self._stop_for_requeue(clock, epoch_clock)
+                    return
                 wait_started = time.perf_counter()
             clock.pause()
             epoch_clock.pause()
@@ -265,10 +275,27 @@ class Trainer:
         if timed:
             self.timing.timed_seconds = clock.seconds
         self.console.stop()
-        if self.last_eval is None or self.position.batch_in_epoch != 0:  # stopped mid-epoch
-            self.last_eval = self._evaluate()
-        if self.cfg.checkpoint.at_end:
+        with self._pause_watchdog():
+            if self.last_eval is None or self.position.batch_in_epoch != 0:  # stopped mid-epoch
+                self.last_eval = self._evaluate()
+            if self.cfg.checkpoint.at_end:
+                self.save_checkpoint()
+
+    def _stop_for_requeue(self, clock: TrainClock, epoch_clock: TrainClock) -> None:
+        """Every rank agreed to stop at this step boundary: checkpoint it, and leave fit()."""
+        assert self.stop is not None
+        clock.pause()
+        epoch_clock.pause()
+        self.timing.timed_seconds = clock.seconds
+        self.console.stop()
+        self.stopped_by = self.stop.signal_name
+        with self._pause_watchdog():
             self.save_checkpoint()
+            # No rank may leave (and a launcher end the others) while rank 0 still writes.
+            barrier(self.runtime)
+
+    def _pause_watchdog(self) -> AbstractContextManager[Any]:
+        return self.watchdog.paused() if self.watchdog is not None else nullcontext()
 
     def _done(self) -> bool:
         return self.position.global_step >= self.total_steps or self.position.epoch >= self.cfg.train.epochs
@@ -318,7 +345,7 @@ class Trainer:
     def _end_epoch(self, window: _Window, seconds: float) -> None:
         if window.steps:
             self._log_interval(window)
-        with window.excluded():
+        with window.excluded(), self._pause_watchdog():
             result = self._evaluate()
         self.last_eval = result
         record = {

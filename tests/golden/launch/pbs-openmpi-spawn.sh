@@ -55,9 +55,43 @@ MASTER_PORT=$(nodescale_port "$PBS_JOBID")
 export MASTER_ADDR MASTER_PORT
 echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 
+# Preemption and wall time: PBS warns no one before the wall time, so this script sends
+# itself USR1 120 s before it; `qsig -s USR1 JOBID` does the same at any time.
+# The trap passes it on to mpiexec, which passes it on to the processes it started. The ranks
+# stop at the next step boundary, checkpoint and exit; the job is then rerun with qrerun
+# (a `nodescale train --out DIR --resume` command continues).
+# Rank 0 writes NODESCALE_REQUEUE_FILE when the ranks stopped for requeue (torchrun hides their exit code).
+export NODESCALE_REQUEUE_FILE=/home/user/project/runs/resnet-ddp/requeue-"$PBS_JOBID"
+rm -f "$NODESCALE_REQUEUE_FILE"
+( sleep 8880 && kill -USR1 $$ ) >/dev/null 2>&1 &
+timer_pid=$!
+
+# In the background, so that the trap runs when the signal comes, not when the launch ends.
+step_pid=
+trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$step_pid" 2>/dev/null || true' USR1
 # Spawn mode: the command runs once, on one node, and starts its own processes.
 # CPU binding is off unless the preset sets one: a launcher bound to one core would share
 # it with every process it starts.
 # -x: Open MPI's daemons on other nodes pass on only the variables named so.
-mpiexec -n 1 --hostfile "$PBS_NODEFILE" --map-by ppr:1:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID -x GLOO_SOCKET_IFNAME -x OMP_NUM_THREADS -x RUN_NOTE \
-    nodescale train --config /home/user/project/resnet.yaml --set epochs=3
+mpiexec -n 1 --hostfile "$PBS_NODEFILE" --map-by ppr:1:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID -x GLOO_SOCKET_IFNAME -x OMP_NUM_THREADS -x RUN_NOTE -x NODESCALE_REQUEUE_FILE \
+    bash -c '
+        trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
+        exec "$@"
+    ' \
+    nodescale-spawn nodescale train --config /home/user/project/resnet.yaml --set epochs=3 &
+step_pid=$!
+# wait returns early when the trap ran; wait again until the launch itself has ended.
+step_status=0
+while true; do
+    wait "$step_pid" && step_status=0 || step_status=$?
+    kill -0 "$step_pid" 2>/dev/null || break
+done
+kill "$timer_pid" 2>/dev/null || true
+
+# Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
+if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
+    echo "nodescale: stopped for requeue (exit code $step_status): rerunning PBS job $PBS_JOBID"
+    qrerun "$PBS_JOBID"
+    exit 0
+fi
+exit "$step_status"

@@ -48,12 +48,27 @@ MASTER_PORT=$(nodescale_port "$PBS_JOBID")
 export MASTER_ADDR MASTER_PORT
 echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 
+# Preemption and wall time: PBS warns no one before the wall time, so this script sends
+# itself USR1 120 s before it; `qsig -s USR1 JOBID` does the same at any time.
+# The trap passes it on to mpiexec, which passes it on to the processes it started. The ranks
+# stop at the next step boundary, checkpoint and exit; the job is then rerun with qrerun
+# (a `nodescale train --out DIR --resume` command continues).
+# Rank 0 writes NODESCALE_REQUEUE_FILE when the ranks stopped for requeue (torchrun hides their exit code).
+export NODESCALE_REQUEUE_FILE=/home/user/project/nodescale-jobs/requeue-"$PBS_JOBID"
+rm -f "$NODESCALE_REQUEUE_FILE"
+( sleep 3480 && kill -USR1 $$ ) >/dev/null 2>&1 &
+timer_pid=$!
+
+# In the background, so that the trap runs when the signal comes, not when the launch ends.
+step_pid=
+trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$step_pid" 2>/dev/null || true' USR1
 # torchrun mode: one torchrun per node, each starting 4 processes.
 # CPU binding is off unless the preset sets one: a launcher bound to one core would share
 # it with every process it starts.
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
 mpiexec -n 2 -ppn 1 -bind-to none \
     bash -c '
+        export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
         # Runs once on every node: its node rank and address are known only there.
         node_rank=${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}
         # The first node hosts the rendezvous store (is_host=1); the others only connect to it.
@@ -65,4 +80,20 @@ mpiexec -n 2 -ppn 1 -bind-to none \
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$PBS_JOBID" \
             --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"
     ' \
-    nodescale-node nodescale train --model resnet50
+    nodescale-node nodescale train --model resnet50 &
+step_pid=$!
+# wait returns early when the trap ran; wait again until the launch itself has ended.
+step_status=0
+while true; do
+    wait "$step_pid" && step_status=0 || step_status=$?
+    kill -0 "$step_pid" 2>/dev/null || break
+done
+kill "$timer_pid" 2>/dev/null || true
+
+# Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
+if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
+    echo "nodescale: stopped for requeue (exit code $step_status): rerunning PBS job $PBS_JOBID"
+    qrerun "$PBS_JOBID"
+    exit 0
+fi
+exit "$step_status"

@@ -11,6 +11,9 @@
 #SBATCH --partition=hpg-ai
 #SBATCH --output=/home/user/project/nodescale-jobs/slurm-%j.out
 #SBATCH --error=/home/user/project/nodescale-jobs/slurm-%j.err
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
 
 set -euo pipefail
 
@@ -52,8 +55,38 @@ MASTER_PORT=$(nodescale_port "$SLURM_JOB_ID")
 export MASTER_ADDR MASTER_PORT
 echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 
+# Preemption and wall time: 120 s before the end Slurm sends USR1 to this script
+# (--signal, or `scancel --signal=USR1 --batch`); srun passes it on to every process of the step.
+# The ranks stop at the next step boundary, checkpoint and exit; the job is then requeued and
+# runs this script again (a `nodescale train --out DIR --resume` command continues).
+# Rank 0 writes NODESCALE_REQUEUE_FILE when the ranks stopped for requeue (torchrun hides their exit code).
+export NODESCALE_REQUEUE_FILE=/home/user/project/nodescale-jobs/requeue-"$SLURM_JOB_ID"
+rm -f "$NODESCALE_REQUEUE_FILE"
+
+# In the background, so that the trap runs when the signal comes, not when the launch ends.
+step_pid=
+trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$step_pid" 2>/dev/null || true' USR1
 # Spawn mode: the command runs once, on one node, and starts its own processes.
 # --cpus-per-task is repeated on srun: Slurm 22.05 to 23.02 do not pass the job's value on
 # to steps, and every task would get one core.
 srun --nodes=1 --ntasks=1 --cpus-per-task=128 \
-    nodescale train --model resnet50
+    bash -c '
+        trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
+        exec "$@"
+    ' \
+    nodescale-spawn nodescale train --model resnet50 &
+step_pid=$!
+# wait returns early when the trap ran; wait again until the launch itself has ended.
+step_status=0
+while true; do
+    wait "$step_pid" && step_status=0 || step_status=$?
+    kill -0 "$step_pid" 2>/dev/null || break
+done
+
+# Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
+if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
+    echo "nodescale: stopped for requeue (exit code $step_status): requeueing Slurm job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+fi
+exit "$step_status"

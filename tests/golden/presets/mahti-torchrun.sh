@@ -11,6 +11,9 @@
 #SBATCH --partition=gpumedium
 #SBATCH --output=/home/user/project/nodescale-jobs/slurm-%j.out
 #SBATCH --error=/home/user/project/nodescale-jobs/slurm-%j.err
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
 
 set -euo pipefail
 
@@ -58,6 +61,17 @@ MASTER_PORT=$(nodescale_port "$SLURM_JOB_ID")
 export MASTER_ADDR MASTER_PORT
 echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 
+# Preemption and wall time: 120 s before the end Slurm sends USR1 to this script
+# (--signal, or `scancel --signal=USR1 --batch`); srun passes it on to every process of the step.
+# The ranks stop at the next step boundary, checkpoint and exit; the job is then requeued and
+# runs this script again (a `nodescale train --out DIR --resume` command continues).
+# Rank 0 writes NODESCALE_REQUEUE_FILE when the ranks stopped for requeue (torchrun hides their exit code).
+export NODESCALE_REQUEUE_FILE=/home/user/project/nodescale-jobs/requeue-"$SLURM_JOB_ID"
+rm -f "$NODESCALE_REQUEUE_FILE"
+
+# In the background, so that the trap runs when the signal comes, not when the launch ends.
+step_pid=
+trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$step_pid" 2>/dev/null || true' USR1
 # torchrun mode: one torchrun per node, each starting 4 processes.
 # --cpus-per-task is repeated on srun: Slurm 22.05 to 23.02 do not pass the job's value on
 # to steps, and every task would get one core.
@@ -65,6 +79,7 @@ echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
 srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=128 --kill-on-bad-exit=1 \
     bash -c '
+        trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
         # Runs once on every node: its node rank and address are known only there.
         node_rank=$SLURM_NODEID
         # The first node hosts the rendezvous store (is_host=1); the others only connect to it.
@@ -76,4 +91,19 @@ srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=128 --kill-on-bad-exit=1 \
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
             --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"
     ' \
-    nodescale-node nodescale train --model resnet50
+    nodescale-node nodescale train --model resnet50 &
+step_pid=$!
+# wait returns early when the trap ran; wait again until the launch itself has ended.
+step_status=0
+while true; do
+    wait "$step_pid" && step_status=0 || step_status=$?
+    kill -0 "$step_pid" 2>/dev/null || break
+done
+
+# Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
+if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
+    echo "nodescale: stopped for requeue (exit code $step_status): requeueing Slurm job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+fi
+exit "$step_status"

@@ -1,0 +1,94 @@
+"""Stop every rank at the same step boundary when one of them is told to stop (preemption, wall time).
+
+A signal handler only records the signal. At every step boundary each rank contributes what it
+received to an all-reduce (MAX of the signal number), so all ranks decide together, at the same
+step, even when the scheduler signalled only some of them (srun forwards to the tasks of one node
+at a time; torchrun's workers may see it before their agent). The all-reduce runs on a gloo group
+of its own over a CPU tensor, so under NCCL it costs no device synchronisation, and it is
+asynchronous: started at one boundary, waited for at the next, so the check never waits on the
+network in the step's critical path. The price is one more step before stopping.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nodescale.train.stop_signals import REQUEUE_FILE_VARIABLE
+
+log = logging.getLogger(__name__)
+
+
+class StopRequest:
+    """Signal handlers plus the per-step agreement; :meth:`close` puts the old handlers back."""
+
+    def __init__(self, signals: list[signal.Signals], distributed: bool) -> None:
+        self.received = 0  # the last stop signal this process received (0: none)
+        self.agreed_signal = 0  # the signal every rank agreed to stop on (0: none yet)
+        self._previous: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        elif signals:
+            log.warning("not in the main thread: stop signals keep their default actions")
+        # A group of its own, always gloo: the check runs on the CPU whatever the training backend.
+        self._group = dist.new_group(backend="gloo") if distributed and signals else None
+        self._pending: tuple[Any, torch.Tensor] | None = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # Only a flag: the step in progress finishes, and everything else happens at its end.
+        self.received = signum
+
+    def agreed(self) -> bool:
+        """At a step boundary, on every rank: whether all ranks now stop (the same answer on each)."""
+        if self._group is None:
+            self.agreed_signal = self.received
+            return bool(self.received)
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            self._pending = None
+            if flag.item() > 0:
+                self.agreed_signal = int(flag.item())
+                return True
+        flag = torch.tensor([self.received], dtype=torch.int32)
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
+        return False
+
+    def close(self, wait: bool = True) -> None:
+        """Finish the pending check (every rank started it) and restore the previous handlers.
+
+        ``wait=False`` after a failure: another rank may never join the pending check.
+        """
+        if self._pending is not None and wait:
+            self._pending[0].wait()
+        self._pending = None
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.agreed_signal).name if self.agreed_signal else "none"
+
+
+def write_requeue_file(run_dir: Path) -> Path | None:
+    """Rank 0, after the checkpoint: tell the job script to requeue (the file named by the job script).
+
+    Under torchrun the workers' exit code does not reach the script, so it looks for this file.
+    """
+    target = os.environ.get(REQUEUE_FILE_VARIABLE, "").strip()
+    if not target:
+        return None
+    path = Path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{run_dir}\n")
+    return path

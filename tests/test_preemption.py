@@ -1,0 +1,229 @@
+"""Preemption: a stop signal makes every rank checkpoint the same step and exit for requeue.
+
+Locally (two ranks, the signal sent to one of them only), on the real local Slurm cluster
+(``scancel --signal=USR1 --batch``: the job is requeued and resumes), and for PBS by running
+the rendered script as PBS would with a stand-in ``qrerun`` (no PBS server here: what is
+exercised is the script's trap, its mapping of the exit code, and the call to qrerun).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_env, read_metrics
+from nodescale.config.schema import RunConfig
+from nodescale.errors import UserError
+from nodescale.launch.presets import load_preset
+from nodescale.launch.render_pbs import render_pbs
+from nodescale.launch.spec import JobSpec
+from nodescale.train.preemption import StopRequest
+from nodescale.train.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE, normalise_signal_names
+from scheduler_fixtures import SlurmCluster, run_pbs_job
+from test_launch_schedulers import isolated, launch_slurm, slurm, submitted  # noqa: F401
+
+
+def test_signal_names_are_normalised_and_checked() -> None:
+    assert normalise_signal_names("usr1, SIGTERM,USR1") == "SIGUSR1,SIGTERM"
+    assert normalise_signal_names("none") == ""
+    assert RunConfig.model_validate({"train": {"stop_signals": "term"}}).train.stop_signals == "SIGTERM"
+    with pytest.raises(UserError, match="SIGKILL"):
+        normalise_signal_names("SIGKILL")
+
+
+def test_single_process_stop_request_and_handlers_restored() -> None:
+    before = signal.getsignal(signal.SIGUSR2)
+    stop = StopRequest([signal.SIGUSR2], distributed=False)
+    try:
+        assert not stop.agreed()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert stop.agreed() and stop.signal_name == "SIGUSR2"
+    finally:
+        stop.close()
+    assert signal.getsignal(signal.SIGUSR2) == before
+
+
+def children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (from /proc), so that only this test's processes are signalled."""
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                if ppid == parent:
+                    found.append(int(entry.name))
+                    frontier.append(int(entry.name))
+    return found
+
+
+def worker_of_rank(parent: int, rank: int) -> int | None:
+    """The pid of the training worker of ``rank`` among ``parent``'s descendants."""
+    for pid in children(parent):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"nodescale.train.worker" in cmdline and f"RANK={rank}".encode() in environ:
+            return pid
+    return None
+
+
+def last_step(run_dir: Path) -> int:
+    try:
+        steps = [r["step"] for r in read_metrics(run_dir) if r.get("kind") == "step"]
+    except (OSError, json.JSONDecodeError):
+        return 0
+    return max(steps, default=0)
+
+
+def wait_until(probe, timeout: float, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(every)
+    return probe()
+
+
+TRAIN = ["--nproc", "2", "--epochs", "200", "--max-steps", "100000", "--log-every", "5", "--no-progress",
+         "--out", "run", "--resume", "--heartbeat-timeout", "0"]
+
+
+@pytest.mark.multiproc
+def test_one_rank_signalled_all_ranks_stop_checkpoint_and_resume(tmp_path: Path) -> None:
+    marker = tmp_path / "requeue-marker"
+    env = {**cli_env(), REQUEUE_FILE_VARIABLE: str(marker)}
+    process = subprocess.Popen([sys.executable, "-m", "nodescale", "train", *TRAIN], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert wait_until(lambda: last_step(tmp_path / "run") >= 10, 120), "no progress"
+        rank1 = worker_of_rank(process.pid, 1)
+        assert rank1 is not None
+        signalled_after = last_step(tmp_path / "run")
+        os.kill(rank1, signal.SIGUSR1)  # rank 1 only: rank 0 learns of it through the agreement
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    records = read_metrics(tmp_path / "run")
+    stopped = [r for r in records if r["kind"] == "stopped"]
+    assert len(stopped) == 1 and stopped[0]["signal"] == "SIGUSR1" and stopped[0]["exit_code"] == EXIT_REQUEUE
+    step = stopped[0]["step"]
+    assert step >= signalled_after
+    assert (tmp_path / "run" / "checkpoints" / f"step-{step:08d}.pt").is_file(), output
+    assert f"every rank stopped at step {step}" in output
+    assert f"exited with {EXIT_REQUEUE}" in output or f"exit code {EXIT_REQUEUE}" in output, output
+    assert marker.read_text().strip() == "run"
+
+    # The requeued command: the same one, which continues from the checkpoint.
+    resumed = subprocess.run([sys.executable, "-m", "nodescale", "train", *TRAIN[:5], str(step + 3), *TRAIN[6:]],
+                             cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"(step {step})" in resumed.stdout and "resumed from" in resumed.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["global_steps"] == step + 3
+
+
+def pbs_script(tmp_path: Path, command: list[str]) -> Path:
+    spec = JobSpec(scheduler="pbs", preset="generic-pbs", nodes=1, gpus_per_node=0, nproc_per_node=1,
+                   mode="per-gpu", command=command, workdir=tmp_path, job_dir=tmp_path / "jobs")
+    path = tmp_path / "job.pbs"
+    path.write_text(render_pbs(spec, load_preset("generic-pbs")))
+    return path
+
+
+@pytest.mark.multiproc
+def test_pbs_script_passes_the_signal_on_and_reruns_on_the_requeue_code(tmp_path: Path) -> None:
+    # A stand-in for qrerun that records its call: without a PBS server, the rerun itself is not exercised.
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    (bin_dir / "qrerun").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/qrerun-called\n')
+    (bin_dir / "qrerun").chmod(0o755)
+    # A rank that stops on USR1 as nodescale's rank 0 does: the requeue marker, then the requeue code.
+    # (Hydra's mpiexec exits 0 after passing a signal on, whatever the ranks' codes: the marker counts.)
+    rank = ("import os, signal, sys, time, pathlib\n"
+            "def stop(*_):\n"
+            f"    marker = pathlib.Path(os.environ[{REQUEUE_FILE_VARIABLE!r}])\n"
+            "    marker.parent.mkdir(parents=True, exist_ok=True)\n"
+            "    marker.write_text('run')\n"
+            "    sys.exit(3)\n"
+            "signal.signal(signal.SIGUSR1, stop)\n"
+            f"pathlib.Path({str(tmp_path / 'ready')!r}).write_text('')\n"
+            "time.sleep(60)\n")
+    script = pbs_script(tmp_path, [sys.executable, "-c", rank])
+    # run_pbs_job's own bin folder (its mpiexec wrapper) first, as it sets PATH itself.
+    path = os.pathsep.join([str(tmp_path / "pbs" / "bin"), str(bin_dir), str(Path(sys.executable).parent),
+                            "/usr/local/bin", "/usr/bin", "/bin"])
+    import threading
+
+    def signal_the_batch_shell() -> None:
+        if wait_until(lambda: (tmp_path / "ready").exists(), 60):
+            for pid in [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]:
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if cmdline[:2] == [b"/bin/bash", str(script).encode()]:
+                    os.kill(pid, signal.SIGUSR1)  # as `qsig -s USR1` does
+
+    signaller = threading.Thread(target=signal_the_batch_shell)
+    signaller.start()
+    result = run_pbs_job(script, 1, scratch=tmp_path / "pbs", env={"PATH": path}, timeout=90)
+    signaller.join()
+    assert "USR1 received: passing it on" in result.output, result.output
+    assert "stopped for requeue" in result.output, result.output
+    assert (tmp_path / "qrerun-called").read_text().strip() == result.job_id
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_slurm_signal_requeues_and_resumes(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    command = ["nodescale", "train", "--max-steps", "60", "--epochs", "100", "--log-every", "5",
+               "--checkpoint-every", "50", "--no-progress", "--out", "run", "--resume", "--heartbeat-timeout", "0"]
+    result = launch_slurm(tmp_path, "--nodes", "2", "--gpus-per-node", "0", "--nproc-per-node", "1",
+                          command=command)
+    job_id, script, log = submitted(result.stdout)
+    text = script.read_text()
+    assert "#SBATCH --signal=B:USR1@120" in text and "#SBATCH --requeue" in text
+    try:
+        assert wait_until(lambda: last_step(tmp_path / "run") >= 10, 150), log.read_text(errors="replace")
+        at_signal = last_step(tmp_path / "run")
+        slurm.command("scancel", "--signal=USR1", "--batch", job_id)
+        # Requeued (Restarts=1), then run again to the end.
+        requeued = wait_until(lambda: (lambda f: f.get("Restarts") == "1" and f.get("JobState") == "PENDING")(
+            slurm.job_fields(job_id)), 90)
+        assert requeued, slurm.job_fields(job_id)
+        # Slurm holds a requeued job for CredExpire (120 s by default: its credential was revoked)
+        # before it may start again; starting it earlier makes it fail ("Job credential revoked").
+        rerun = slurm.wait_for_state(job_id, {"RUNNING"}, 200)
+        if rerun != "RUNNING":
+            pytest.fail(f"requeued job {rerun}: {slurm.job_fields(job_id)}\n{log.read_text(errors='replace')}\n"
+                        f"{slurm.log_tail(40)}", pytrace=False)
+        state = slurm.wait_until_done(job_id, 150)
+    finally:
+        slurm.command("scancel", job_id, check=False)
+    output = log.read_text(errors="replace")
+    assert state == "COMPLETED", (state, output)
+    records = read_metrics(tmp_path / "run")
+    stopped = [r for r in records if r["kind"] == "stopped"]
+    assert len(stopped) == 1 and stopped[0]["signal"] == "SIGUSR1", output
+    checkpoint_step = stopped[0]["step"]
+    # No step lost: the checkpoint is of a step at or after the one logged when the signal was sent.
+    assert checkpoint_step >= at_signal
+    assert f"resumed from run/checkpoints/step-{checkpoint_step:08d}.pt (step {checkpoint_step})" in output, output
+    assert f"requeueing Slurm job {job_id}" in output
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["global_steps"] == 60

@@ -1,0 +1,111 @@
+"""The heartbeat watchdog: a rank that stops making progress ends the job, named, within the timeout."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from conftest import cli_env
+from nodescale.dist.watchdog import Watchdog
+from nodescale.train.stop_signals import EXIT_HANG
+from test_preemption import last_step, wait_until, worker_of_rank
+
+
+def pair(timeout: float) -> tuple[Watchdog, Watchdog, list[str]]:
+    """Two ranks' watchdogs on one in-process store; what they report is collected, not exited on."""
+    store = dist.HashStore()
+    reports: list[str] = []
+    dogs = [Watchdog(store, rank, 2, timeout, on_hang=reports.append, host=f"host{rank}") for rank in (0, 1)]
+    return dogs[0], dogs[1], reports
+
+
+def test_a_silent_rank_is_named_with_host_and_last_step() -> None:
+    rank0, rank1, reports = pair(1.0)
+    rank1.beat(7)
+    rank1.start()
+    rank1._stop.set()  # its thread ends: no heartbeat any more, as when the process is stopped
+    rank0.start()
+    try:
+        assert wait_until(lambda: reports, 5), "no report"
+    finally:
+        rank0.stop()
+    assert "rank 1 on host host1" in reports[0] and "last step 7" in reports[0]
+    assert "stopped responding" in reports[0]
+
+
+def test_a_live_rank_without_progress_is_named_but_pauses_are_not_hangs() -> None:
+    rank0, rank1, reports = pair(1.0)
+    rank1.beat(3)
+    rank0.start()
+    rank1.start()
+    try:
+        with rank1.paused():  # a long evaluation: no step, but not a hang
+            time.sleep(2.0)
+        assert not reports
+        assert wait_until(lambda: reports, 5), "no report"
+    finally:
+        rank0.stop()
+        rank1.stop()
+    assert "rank 1 on host host1" in reports[0] and "last step 3" in reports[0]
+    assert "made no progress" in reports[0] and "in wait_until" in reports[0]  # where its main thread is
+
+
+def test_a_done_rank_is_not_reported() -> None:
+    rank0, rank1, reports = pair(0.5)
+    rank0.start()
+    rank1.start()
+    rank1.stop()
+    time.sleep(1.5)
+    rank0.stop()
+    assert not reports
+
+
+@pytest.mark.multiproc
+def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path: Path) -> None:
+    timeout = 5
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nodescale", "train", "--nproc", "2", "--epochs", "200", "--max-steps", "100000",
+         "--log-every", "5", "--no-progress", "--out", "run", "--heartbeat-timeout", str(timeout)],
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    stopped = None
+    try:
+        assert wait_until(lambda: last_step(tmp_path / "run") >= 10, 120), "no progress"
+        time.sleep(2.5)  # a heartbeat (every timeout / 5 s) with a step in it has gone out
+        stopped = worker_of_rank(process.pid, 1)
+        assert stopped is not None
+        os.kill(stopped, signal.SIGSTOP)  # a real fault: the whole process, heartbeat thread included
+        began = time.monotonic()
+        # The launcher waits for the stopped rank after rank 0 left (SIGTERM does nothing to it,
+        # SIGKILL comes after its grace period): once rank 0 is gone, the test ends the stopped one.
+        gone = wait_until(lambda: worker_of_rank(process.pid, 0) is None, timeout + 30)
+        elapsed = time.monotonic() - began
+        os.kill(stopped, signal.SIGKILL)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert gone and elapsed < timeout + 10, (elapsed, output)
+    assert process.returncode != 0
+    match = re.search(r"nodescale: hang: rank 1 on host (\S+) \(pid (\d+), last step (\d+)\) stopped responding",
+                      output)
+    assert match, output
+    assert match.group(1) == socket.gethostname() and int(match.group(2)) == stopped
+    # The step of its last heartbeat (published every second here): at most that far behind.
+    assert 0 < int(match.group(3)) <= last_step(tmp_path / "run") + 5
+    assert f"rank 0 exited with {EXIT_HANG}" in output or f"exit code {EXIT_HANG}" in output, output
