@@ -42,6 +42,7 @@ from nodescale.errors import UserError
 from nodescale.launch.render_pbs import render_pbs
 from nodescale.launch.render_slurm import render_slurm
 from nodescale.launch.spec import Container, JobSpec, Preset
+from test_render import slurm_directive_args
 
 SCALE = 10 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 1
 
@@ -296,40 +297,6 @@ def bash_n(text: str, where: Path) -> None:
     assert result.returncode == 0, f"bash -n refused the script: {result.stderr}\n{text}"
 
 
-def sbatch_words(line: str) -> list[str]:
-    """Split an ``#SBATCH`` line as sbatch does (src/sbatch/opt.c ``_get_argument``).
-
-    Like tests/test_render.py's ``slurm_directive_args``, but only ASCII whitespace separates
-    words: sbatch tests bytes with C's ``isspace``, which is false for the UTF-8 bytes of
-    U+0085 or U+00A0, where Python's ``str.isspace`` is true.
-    """
-    words, current, quote, escaped, have = [], [], "", False, False
-    for char in line:
-        if escaped:
-            current.append(char)
-            escaped = False
-        elif char == "\\":
-            escaped, have = True, True
-        elif quote:
-            if char == quote:
-                quote = ""
-            else:
-                current.append(char)
-        elif char in "\"'":
-            quote, have = char, True
-        elif char == "#":
-            break
-        elif char in " \t\n\r\f\v":
-            if current or have:
-                words.append("".join(current))
-            current, have = [], False
-        else:
-            current.append(char)
-    if current or have:
-        words.append("".join(current))
-    return words
-
-
 def directive_values(text: str, prefix: str) -> list[str]:
     # split("\n"), not splitlines(): the scheduler ends lines at "\n" only, not at U+0085 or U+2028.
     return [line.removeprefix(prefix + " ") for line in text.split("\n") if line.startswith(prefix + " ")]
@@ -391,7 +358,7 @@ def test_rendered_scripts_deliver_text_literally(
 def check_directives(text: str, spec: JobSpec, cluster: Preset) -> None:
     """Job name sanitised; account and queue arrive as the scheduler reads its directive lines."""
     if cluster.scheduler == "slurm":
-        values = [arg for line in directive_values(text, "#SBATCH") for arg in sbatch_words(line)]
+        values = [arg for line in directive_values(text, "#SBATCH") for arg in slurm_directive_args(line)]
         assert any(re.fullmatch(r"--job-name=[A-Za-z0-9_.+-]+", value) for value in values)
         if spec.account:
             assert f"--account={spec.account}" in values

@@ -432,7 +432,11 @@ def hostile_spec(preset: Preset, mode: str, tmp_path: Path, tool: Path) -> JobSp
 
 
 def slurm_directive_args(line: str) -> list[str]:
-    """Split an #SBATCH line the way sbatch does (src/sbatch/opt.c _get_argument)."""
+    """Split an #SBATCH line the way sbatch does (src/sbatch/opt.c _get_argument).
+
+    Only ASCII whitespace separates words: sbatch tests bytes with C's ``isspace``, which is
+    false for the UTF-8 bytes of U+0085 or U+00A0, where Python's ``str.isspace`` is true.
+    """
     args, current, quote_char, escaped, have = [], [], "", False, False
     for char in line:
         if escaped:
@@ -449,7 +453,7 @@ def slurm_directive_args(line: str) -> list[str]:
             quote_char, have = char, True
         elif char == "#":
             break
-        elif char.isspace():
+        elif char in " \t\n\r\f\v":
             if current or have:
                 args.append("".join(current))
             current, have = [], False
