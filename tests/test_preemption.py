@@ -80,6 +80,21 @@ def worker_of_rank(parent: int, rank: int) -> int | None:
     return None
 
 
+def workers_in(directory: Path) -> list[int]:
+    """Training workers still running with ``directory`` as their working directory (orphans included)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (b"nodescale.train.worker" in (entry / "cmdline").read_bytes()
+                    and Path(os.readlink(entry / "cwd")) == directory):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 def last_step(run_dir: Path) -> int:
     try:
         steps = [r["step"] for r in read_metrics(run_dir) if r.get("kind") == "step"]
@@ -103,7 +118,9 @@ TRAIN = ["--nproc", "2", "--epochs", "200", "--max-steps", "100000", "--log-ever
 
 
 @pytest.mark.multiproc
-def test_one_rank_signalled_all_ranks_stop_checkpoint_and_resume(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", ["rank 1", "launcher"])
+def test_one_rank_signalled_all_ranks_stop_checkpoint_and_resume(tmp_path: Path, target: str) -> None:
+    """rank 1 only: rank 0 learns of it through the agreement; the launcher: it passes it on to its workers."""
     marker = tmp_path / "requeue-marker"
     env = {**cli_env(), REQUEUE_FILE_VARIABLE: str(marker)}
     process = subprocess.Popen([sys.executable, "-m", "nodescale", "train", *TRAIN], cwd=tmp_path, env=env,
@@ -113,7 +130,7 @@ def test_one_rank_signalled_all_ranks_stop_checkpoint_and_resume(tmp_path: Path)
         rank1 = worker_of_rank(process.pid, 1)
         assert rank1 is not None
         signalled_after = last_step(tmp_path / "run")
-        os.kill(rank1, signal.SIGUSR1)  # rank 1 only: rank 0 learns of it through the agreement
+        os.kill(rank1 if target == "rank 1" else process.pid, signal.SIGUSR1)
         output, _ = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
@@ -128,6 +145,8 @@ def test_one_rank_signalled_all_ranks_stop_checkpoint_and_resume(tmp_path: Path)
     assert f"every rank stopped at step {step}" in output
     assert f"exited with {EXIT_REQUEUE}" in output or f"exit code {EXIT_REQUEUE}" in output, output
     assert marker.read_text().strip() == "run"
+    assert process.returncode == EXIT_REQUEUE, output  # the launcher passes the requeue code on
+    assert not workers_in(tmp_path), "no worker may outlive the launcher"
 
     # The requeued command: the same one, which continues from the checkpoint.
     resumed = subprocess.run([sys.executable, "-m", "nodescale", "train", *TRAIN[:5], str(step + 3), *TRAIN[6:]],

@@ -21,7 +21,8 @@ import signal
 import sys
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,7 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0) -> i
     2 when every failed worker exited 2 (they printed the user error
     themselves), 1 for any other failure, 0 on success.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -113,11 +115,17 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0) -> i
                 try:
                     from nodescale.dist.process_group import loopback_stores
 
-                    with loopback_stores(config):  # the agent's stores listen on 127.0.0.1 only
+                    with loopback_stores(config), _stop_signals_forwarded_to_workers():
                         elastic_launch(config, command[0])(*command[1:])
                     return 0
                 except ChildFailedError as exc:
                     codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
+                except SignalException as exc:
+                    # SIGTERM/SIGINT to this launcher: the agent passed it on to the workers (whose
+                    # stop handlers checkpoint within its 30 s grace) and stopped them.
+                    print(f"nodescale: stopped by {exc.sigval.name}; the workers were told to stop",
+                          file=sys.stderr)
+                    return 128 + int(exc.sigval)
                 _print_user_errors(Path(error_dir))
                 # When one rank stops on a user error the agent terminates the others
                 # (negative exit codes: killed by a signal); that is still the user's error,
@@ -129,7 +137,11 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0) -> i
                 reason = describe_failure(codes)
                 # Ranks that stopped on an agreed stop signal (preemption) were asked to stop, not
                 # broken: the job script requeues on this code, so it is passed on as it is.
-                if codes and all(code == EXIT_REQUEUE for code in codes.values()):
+                # (The agent ends the other ranks with SIGTERM once the first has exited; by then
+                # they have passed the barrier after the checkpoint.)
+                if EXIT_REQUEUE in codes.values() and all(
+                    code in (EXIT_REQUEUE, -signal.SIGTERM) for code in codes.values()
+                ):
                     print(f"nodescale: stopped for requeue at a checkpoint ({reason})", file=sys.stderr)
                     return EXIT_REQUEUE
                 if attempt == max_restarts or EXIT_REQUEUE in codes.values():
@@ -145,6 +157,36 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0) -> i
             for name in (ERROR_DIR_VARIABLE, *restart_variables):
                 os.environ.pop(name, None)
     return 1  # not reached: every attempt returns
+
+
+# Signals the elastic agent leaves at their default action (ending this launcher and orphaning
+# the workers, which run in sessions of their own): passed on to the workers instead, whose
+# stop handlers agree on a step, checkpoint and exit for requeue.
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+@contextmanager
+def _stop_signals_forwarded_to_workers() -> Iterator[None]:
+    def forward(signum: int, frame: object) -> None:
+        for pid in _child_pids():
+            with suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _child_pids() -> list[int]:
+    """This process's children (the workers the agent started), from /proc."""
+    pids: list[int] = []
+    for children in Path("/proc/self/task").glob("*/children"):
+        with suppress(OSError):
+            pids += [int(pid) for pid in children.read_text().split()]
+    return pids
 
 
 def describe_failure(codes: dict[int, int]) -> str:
