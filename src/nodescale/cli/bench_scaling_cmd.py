@@ -106,6 +106,7 @@ def _check_plan(plan: Any, extra: list[str]) -> None:
     """Every mistake found before the first process starts: steps, batch split, train flags."""
     from nodescale.bench.scaling import check_train_args
     from nodescale.cli.run_flags import FLAG_NAMES, add_run_flags, resolve_config
+    from nodescale.config.schema import MULTI_PROCESS_STRATEGIES
     from nodescale.data.registry import get_format
 
     if plan.max_steps < 1 or plan.warmup_steps < 0 or plan.warmup_steps >= plan.max_steps:
@@ -122,15 +123,16 @@ def _check_plan(plan: Any, extra: list[str]) -> None:
     add_run_flags(train_parser)
     for world_size in plan.world_sizes:
         cfg = resolve_config(train_parser.parse_args(plan.train_argv(world_size)[1:]))
-        if world_size > 1 and cfg.strategy.name not in ("ddp", "fsdp", "deepspeed"):
+        if world_size > 1 and cfg.strategy.name not in MULTI_PROCESS_STRATEGIES:
             raise UserError(f"--strategy {cfg.strategy.name}", "runs in one process and cannot scale",
                             "use --strategy ddp, fsdp or deepspeed")
     get_format(cfg.data.name).check(cfg.data)
 
 
 def _check_out(plan: Any) -> None:
-    used = [plan.run_dir(n) for n in plan.world_sizes
-            if any((plan.run_dir(n) / name).exists() for name in ("summary.json", "metrics.jsonl", "checkpoints"))]
+    from nodescale.train.rundir import run_files_in
+
+    used = [plan.run_dir(n) for n in plan.world_sizes if run_files_in(plan.run_dir(n))]
     if used:
         raise UserError(f"--out {str(plan.out)!r}", f"already holds runs ({', '.join(p.name for p in used)})",
                         "choose another --out, or add --collect to analyse the runs there again")

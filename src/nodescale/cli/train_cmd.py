@@ -123,21 +123,14 @@ def _run_here(cfg: RunConfig) -> int:
 
 def _check_deepspeed_config(cfg: RunConfig, world_size: int) -> None:
     """The DeepSpeed config's batch arithmetic and precision, before any process starts."""
-    from nodescale.strategies.deepspeed_config import build_config, read_user_config
+    from nodescale.strategies.deepspeed_config import config_for_run
 
-    path = cfg.strategy.deepspeed_config
-    build_config(read_user_config(path) if path else None, micro_batch=cfg.train.batch_size,
-                 grad_accum=cfg.train.grad_accum, world_size=world_size, precision=cfg.train.precision,
-                 zero_stage=cfg.strategy.zero_stage, grad_clip=cfg.optim.grad_clip,
-                 cpu_offload=cfg.strategy.cpu_offload, has_batchnorm=False)
+    config_for_run(cfg, world_size, has_batchnorm=False)
 
 
 def _check_offload_has_an_accelerator(cfg: RunConfig) -> None:
     import torch
 
-    from nodescale.errors import UserError
+    from nodescale.strategies.offload import refuse_offload_without_accelerator
 
-    if cfg.strategy.cpu_offload != "none" and not torch.cuda.is_available():
-        raise UserError(f"--cpu-offload {cfg.strategy.cpu_offload} on a machine without GPUs",
-                        "offloading moves training state from an accelerator to host memory; without one, "
-                        "everything is in host memory already", "drop --cpu-offload, or run on GPU nodes")
+    refuse_offload_without_accelerator(cfg.strategy.cpu_offload, torch.cuda.is_available())

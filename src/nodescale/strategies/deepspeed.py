@@ -33,8 +33,9 @@ from nodescale.dist.process_group import Runtime
 from nodescale.errors import UserError
 from nodescale.models.introspect import has_batchnorm
 from nodescale.strategies.base import Footprint
-from nodescale.strategies.deepspeed_config import build_config, read_user_config
+from nodescale.strategies.deepspeed_config import config_for_run
 from nodescale.strategies.footprint import StorageCounter
+from nodescale.strategies.offload import refuse_offload_without_accelerator
 
 TAG = "deepspeed"  # the one tag inside a nodescale checkpoint directory
 _PARTITION = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
@@ -100,17 +101,9 @@ class DeepSpeedStrategy:
 
     def make_updater(self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: RunConfig) -> DeepSpeedUpdater:
         assert self.runtime is not None, "wrap() first"
-        if self.cfg.cpu_offload != "none" and self.runtime.device.type == "cpu":
-            raise UserError(f"--cpu-offload {self.cfg.cpu_offload} on device cpu",
-                            "offloading moves training state from an accelerator to host memory; this run has no "
-                            "accelerator", "drop --cpu-offload, or run on GPU nodes")
+        refuse_offload_without_accelerator(self.cfg.cpu_offload, self.runtime.device.type != "cpu")
         deepspeed = import_deepspeed(self.runtime.device.type)
-        user = read_user_config(self.cfg.deepspeed_config) if self.cfg.deepspeed_config else None
-        config = build_config(
-            user, micro_batch=cfg.train.batch_size, grad_accum=cfg.train.grad_accum,
-            world_size=self.runtime.world_size, precision=cfg.train.precision, zero_stage=self.cfg.zero_stage,
-            grad_clip=cfg.optim.grad_clip, cpu_offload=self.cfg.cpu_offload, has_batchnorm=has_batchnorm(model),
-        )
+        config = config_for_run(cfg, self.runtime.world_size, has_batchnorm(model))
         self.stage = config["zero_optimization"]["stage"]
         # DeepSpeed asserts torchrun's variables even when the process group exists; srun,
         # mpiexec (MPICH, PALS) and a lone process do not set them. nodescale knows the values.

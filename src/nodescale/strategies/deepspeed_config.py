@@ -16,9 +16,12 @@ import copy
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodescale.errors import UserError
+
+if TYPE_CHECKING:
+    from nodescale.config.schema import RunConfig
 
 DEFAULT_ZERO_STAGE = 2
 
@@ -43,6 +46,17 @@ def read_user_config(path: Path) -> dict[str, Any]:
         raise UserError(f"--deepspeed-config {path}", "must hold a JSON object ({...})",
                         "see https://www.deepspeed.ai/docs/config-json/")
     return config
+
+
+def config_for_run(cfg: RunConfig, world_size: int, has_batchnorm: bool) -> dict[str, Any]:
+    """:func:`build_config` for a nodescale run on ``world_size`` ranks, its user file read and checked."""
+    path = cfg.strategy.deepspeed_config
+    return build_config(
+        read_user_config(path) if path else None, micro_batch=cfg.train.batch_size,
+        grad_accum=cfg.train.grad_accum, world_size=world_size, precision=cfg.train.precision,
+        zero_stage=cfg.strategy.zero_stage, grad_clip=cfg.optim.grad_clip, cpu_offload=cfg.strategy.cpu_offload,
+        has_batchnorm=has_batchnorm,
+    )
 
 
 def _given(config: dict[str, Any], key: str) -> Any:

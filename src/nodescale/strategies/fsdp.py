@@ -41,6 +41,7 @@ from nodescale.dist.process_group import Runtime
 from nodescale.dist.sync_batchnorm import convert_sync_batchnorm
 from nodescale.errors import UserError
 from nodescale.models.introspect import has_batchnorm, repeated_blocks
+from nodescale.strategies.offload import refuse_offload_without_accelerator
 from nodescale.strategies.torch_native import TorchNative
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -89,13 +90,7 @@ class FSDPStrategy(TorchNative):
 
     def offload_policy(self, runtime: Runtime) -> CPUOffloadPolicy:
         """Parameters, gradients and optimiser state in pinned host memory; the optimiser steps on the CPU."""
-        if runtime.device.type == "cpu":
-            raise UserError(
-                f"--cpu-offload {self.cfg.cpu_offload} on device cpu",
-                "offloading moves training state from an accelerator to host memory; this run has no accelerator, "
-                "so everything is in host memory already",
-                "drop --cpu-offload, or run on GPU nodes",
-            )
+        refuse_offload_without_accelerator(self.cfg.cpu_offload, runtime.device.type != "cpu")
         return CPUOffloadPolicy(pin_memory=True)
 
     def policy_for(self, model: nn.Module) -> MixedPrecisionPolicy:

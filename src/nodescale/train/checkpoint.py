@@ -57,11 +57,6 @@ def is_sharded(path: Path) -> bool:
     return path.is_dir()
 
 
-def manifest_path(run_dir: Path, step: int) -> Path:
-    """The manifest of the full checkpoint file of ``step``, beside it."""
-    return checkpoint_dir(run_dir) / f"step-{step:08d}.manifest.json"
-
-
 def _manifest_of(path: Path) -> Path:
     """A directory's manifest is inside it; a file's is beside it."""
     return path / manifest.DIRECTORY_MANIFEST if is_sharded(path) else path.with_suffix(".manifest.json")
@@ -84,10 +79,10 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 def save(run_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
     """Write ``state`` as the checkpoint file of ``step``, then its manifest; keep the newest ``keep_last``."""
     path = checkpoint_path(run_dir, step)
-    manifest_path(run_dir, step).unlink(missing_ok=True)  # a same-step save of a resumed run: never a stale one
+    _manifest_of(path).unlink(missing_ok=True)  # a same-step save of a resumed run: never a stale one
     write_atomic(path, lambda handle: torch.save({"format": FORMAT, **state}, handle))
     # Read back from the page cache: the checksum is of what the file system holds.
-    manifest.write(manifest_path(run_dir, step), manifest.describe_files(path.parent, [path.name]))
+    manifest.write(_manifest_of(path), manifest.describe_files(path.parent, [path.name]))
     _prune(run_dir, keep_last)
     return path
 
@@ -103,17 +98,6 @@ def begin_sharded(run_dir: Path, step: int) -> Path:
     shutil.rmtree(partial, ignore_errors=True)  # left by a run that died while saving
     partial.mkdir(parents=True)
     return partial
-
-
-def finish_sharded(run_dir: Path, step: int, trainer_state: dict[str, Any], keep_last: int) -> Path:
-    """Rank 0, after every rank wrote its shards: add the trainer state, the manifest, and rename into place.
-
-    Without a process group of more than one rank; :func:`write_sharded` shares
-    the hashing out among the ranks instead.
-    """
-    add_trainer_state(run_dir, step, trainer_state)
-    write_sharded_manifest(run_dir, step, sharded_files(run_dir, step), collective=False)
-    return publish_sharded(run_dir, step, keep_last)
 
 
 def add_trainer_state(run_dir: Path, step: int, trainer_state: dict[str, Any]) -> None:
@@ -192,12 +176,12 @@ def write_sharded(run_dir: Path, step: int, is_main: bool, barrier: Callable[[],
 
 def _prune(run_dir: Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` checkpoints, and what killed saves left behind."""
-    for step, old in list_checkpoints(run_dir)[:-keep_last]:
+    for _, old in list_checkpoints(run_dir)[:-keep_last]:
         if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)  # its manifest is inside
         else:
+            _manifest_of(old).unlink(missing_ok=True)
             old.unlink(missing_ok=True)
-        manifest_path(run_dir, step).unlink(missing_ok=True)
     kept = {_manifest_of(path) for _, path in list_checkpoints(run_dir)}
     directory = checkpoint_dir(run_dir)
     # Only rank 0 saves, one step at a time, and this runs after its save: nothing here is in flight.

@@ -8,6 +8,7 @@ that ``model.load_state_dict`` accepts, for inference or fine-tuning elsewhere.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +107,6 @@ def describe(path: Path) -> dict[str, Any]:
 
         entries = FileSystemReader(path).read_metadata().state_dict_metadata
         info["model_values"] = sum(
-            _numel(meta.size) for key, meta in entries.items() if key.startswith("model.") and hasattr(meta, "size")
+            math.prod(meta.size) for key, meta in entries.items() if key.startswith("model.") and hasattr(meta, "size")
         )
     return info
-
-
-def _numel(size: torch.Size) -> int:
-    count = 1
-    for extent in size:
-        count *= extent
-    return count

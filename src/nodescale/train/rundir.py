@@ -16,6 +16,11 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return RUNS_ROOT / f"{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def run_files_in(run_dir: Path) -> list[str]:
+    """What of a run ``run_dir`` already holds (metrics, summary, checkpoints): empty for a fresh directory."""
+    return [name for name in ("metrics.jsonl", "summary.json", "checkpoints") if (run_dir / name).exists()]
+
+
 def check_run_dir(run_dir: Path, resume: bool) -> None:
     """Refuse to mix a new run into the files of an old one.
 
@@ -27,7 +32,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
         raise UserError(f"--out {str(run_dir)!r}", "exists and is not a directory", "choose another --out")
     if resume:
         return
-    used = [name for name in ("metrics.jsonl", "summary.json", "checkpoints") if (run_dir / name).exists()]
+    used = run_files_in(run_dir)
     if used:
         raise UserError(
             f"--out {str(run_dir)!r}",
