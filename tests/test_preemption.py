@@ -26,6 +26,7 @@ from nodescale.launch.render_pbs import render_pbs
 from nodescale.launch.spec import JobSpec
 from nodescale.train.preemption import StopRequest
 from nodescale.train.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE, normalise_signal_names
+from proc_tree import worker_of_rank, workers_in
 from scheduler_fixtures import SlurmCluster, run_pbs_job
 from test_launch_schedulers import isolated, launch_slurm, slurm, submitted  # noqa: F401
 
@@ -48,51 +49,6 @@ def test_single_process_stop_request_and_handlers_restored() -> None:
     finally:
         stop.close()
     assert signal.getsignal(signal.SIGUSR2) == before
-
-
-def children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc), so that only this test's processes are signalled."""
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-                if ppid == parent:
-                    found.append(int(entry.name))
-                    frontier.append(int(entry.name))
-    return found
-
-
-def worker_of_rank(parent: int, rank: int) -> int | None:
-    """The pid of the training worker of ``rank`` among ``parent``'s descendants."""
-    for pid in children(parent):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"nodescale.train.worker" in cmdline and f"RANK={rank}".encode() in environ:
-            return pid
-    return None
-
-
-def workers_in(directory: Path) -> list[int]:
-    """Training workers still running with ``directory`` as their working directory (orphans included)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (b"nodescale.train.worker" in (entry / "cmdline").read_bytes()
-                    and Path(os.readlink(entry / "cwd")) == directory):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def last_step(run_dir: Path) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_env, final_weights, max_difference, read_summary, run_cli
+from proc_tree import worker_of_rank
 
 pytestmark = pytest.mark.multiproc
 
@@ -33,30 +34,6 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("uninterrupted")
     run_cli([*ARGS, "--out", "run"], cwd=root)
     return root / "run"
-
-
-def _children(pid: int) -> list[int]:
-    """Process ids whose parent is ``pid`` (from /proc; no psutil needed)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # The command name may hold spaces and parentheses: the parent id follows the last ')'.
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == pid:
-            found.append(int(entry.name))
-    return found
-
-
-def _rank_of(pid: int) -> int | None:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    return next((int(item[5:]) for item in environ if item.startswith(b"RANK=")), None)
 
 
 def _first_checkpoint_written(run_dir: Path) -> bool:
@@ -82,9 +59,9 @@ def train_and_kill_rank_1(args: list[str], cwd: Path, run_dir: Path) -> subproce
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "no checkpoint within 120 s"
             time.sleep(0.005)
-        workers = {_rank_of(pid): pid for pid in _children(process.pid)}
-        assert 1 in workers, f"no rank-1 worker among the launcher's children: {workers}"
-        os.kill(workers[1], signal.SIGKILL)
+        rank1 = worker_of_rank(process.pid, 1)
+        assert rank1 is not None, "no rank-1 worker among the launcher's children"
+        os.kill(rank1, signal.SIGKILL)
         stdout, stderr = process.communicate(timeout=180)
     finally:
         if process.poll() is None:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from conftest import cli_env
 from nodescale.dist.env import DistEnv
 from nodescale.dist.process_group import STORE_BIND_VARIABLE, _job_store, bind_address, listening_store
+from proc_tree import descendants
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from /proc")
 
@@ -49,19 +50,7 @@ def listening(port: int | None = None, inodes: set[str] | None = None) -> set[tu
 
 def socket_inodes(root: int) -> set[str]:
     """Socket inodes held by process ``root`` and all its descendants."""
-    pids, changed = {root}, True
-    while changed:
-        changed = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in pids:
-                continue
-            try:
-                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            if parent in pids:
-                pids.add(int(entry))
-                changed = True
+    pids = [root, *descendants(root)]
     inodes = set()
     for pid in pids:
         try:

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from conftest import cli_env
 from nodescale.dist.watchdog import Watchdog
 from nodescale.train.stop_signals import EXIT_HANG
-from test_preemption import last_step, wait_until, worker_of_rank
+from proc_tree import worker_of_rank
+from test_preemption import last_step, wait_until
 
 
 def pair(timeout: float) -> tuple[Watchdog, Watchdog, list[str]]:
