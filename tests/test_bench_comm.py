@@ -171,7 +171,11 @@ for repeat in range(repeats):
 if dist.get_rank() == 0:
     with open(out + "-raw.json", "w") as handle:
         json.dump(raw, handle)
-sys.exit(main(["bench", "comm", "--sizes", sizes, *flags, "--out", out]))
+code = main(["bench", "comm", "--sizes", sizes, *flags, "--out", out])
+# The group is this script's: tear it down as docs/library.md says (gloo aborts at exit otherwise).
+dist.barrier()
+dist.destroy_process_group()
+sys.exit(code)
 """
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,37 @@ def test_unpadded_shards_cover_every_sample_once() -> None:
     shards = [list(_UnpaddedShard(10, 3, rank, shuffle=True, seed=1)) for rank in range(3)]
     assert sorted(i for shard in shards for i in shard) == list(range(10))
     assert [len(_UnpaddedShard(10, 3, rank, True, 1)) for rank in range(3)] == [4, 3, 3]
+
+
+OWN_GROUP = """
+import json, sys
+import torch, torch.distributed as dist
+import nodescale
+
+dist.init_process_group("gloo")  # the script's own group, before nodescale
+mine = dist.group.WORLD
+with nodescale.init() as ctx:
+    total = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(total)
+kept = dist.is_initialized() and dist.group.WORLD is mine
+try:  # a failing block leaves the script's group up too
+    with nodescale.init():
+        raise RuntimeError("boom")
+except RuntimeError:
+    pass
+kept_after_error = dist.is_initialized()
+if dist.get_rank() == 0:
+    print("RESULT " + json.dumps({"sum": total.item(), "kept": kept, "kept_after_error": kept_after_error}))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.multiproc
+def test_a_group_the_script_started_is_used_and_left_to_the_script(tmp_path: Path) -> None:
+    script = tmp_path / "own_group.py"
+    script.write_text(OWN_GROUP)
+    result = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   str(script)], tmp_path)
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))
+    assert json.loads(line[len("RESULT "):]) == {"sum": 3.0, "kept": True, "kept_after_error": True}

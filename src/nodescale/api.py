@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from nodescale.atomic_files import write_atomic
 from nodescale.dist.env import DistEnv, detect
-from nodescale.dist.process_group import Runtime, barrier, shutdown, start
+from nodescale.dist.process_group import Runtime, abandon, barrier, shutdown, start
 from nodescale.dist.sync_batchnorm import convert_sync_batchnorm
 
 
@@ -62,9 +62,8 @@ class Context:
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if exc_type is None:
             self.close()
-        elif dist.is_initialized():
-            # Other ranks may never reach a barrier now; leave without one.
-            dist.destroy_process_group()
+        else:  # other ranks may never reach a barrier now; leave without one
+            abandon(self.runtime)
 
     @property
     def env(self) -> DistEnv:

@@ -135,15 +135,12 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
 
 def run_rank(args: argparse.Namespace, settings: Settings, env: DistEnv) -> int:
     """This rank's part: join the group, run the sweep (or the pairs), rank 0 reports. 1 if anything was wrong."""
-    import torch.distributed as dist
 
     from nodescale.bench import comm_output
     from nodescale.dist.process_group import shutdown, start
 
     if args.pairs and env.world_size < 2:
         raise UserError("--pairs", f"needs at least 2 ranks, and this job has {env.world_size}")
-    # A script that set up its own process group and calls the CLI in-process keeps its group.
-    owned = not dist.is_initialized()
     runtime = start(env, args.backend, timeout_s=args.timeout)
     try:
         out = Path(args.out) if args.out else default_out_dir()
@@ -151,7 +148,6 @@ def run_rank(args: argparse.Namespace, settings: Settings, env: DistEnv) -> int:
             ok = comm_output.pairs(runtime, settings, out)
         else:
             ok = comm_output.sweep(runtime, settings, out, plot=not args.no_plot)
-    finally:
-        if owned:
-            shutdown(runtime)
+    finally:  # a script that set up its own group and calls the CLI in-process keeps it
+        shutdown(runtime)
     return 0 if ok else 1

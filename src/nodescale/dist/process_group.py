@@ -43,6 +43,8 @@ class Runtime:
     env: DistEnv
     device: torch.device
     backend: str | None  # None when no process group was started
+    # False when the caller's script had started the group: then it is the script's to destroy.
+    owns_group: bool = True
 
     @property
     def rank(self) -> int:
@@ -98,7 +100,7 @@ def start(env: DistEnv, backend: str = "auto", timeout_s: float = 600.0, group: 
         return Runtime(env, device, None)
     name = choose_backend(backend, device)
     if dist.is_initialized():  # the user's script (or a test) set it up already
-        return Runtime(env, device, dist.get_backend())
+        return Runtime(env, device, dist.get_backend(), owns_group=False)
     timeout = timedelta(seconds=timeout_s)
     if env.world_size == 1:
         # An in-process store: a one-rank group needs no port, so none can clash.
@@ -236,10 +238,19 @@ def shutdown(runtime: Runtime) -> None:
     Callers drop their references to models and optimisers first; collecting
     garbage before the final barrier destroys gloo's pending work objects
     while the group still exists, which is what prevents the exit crash.
+    A group the caller's script started is left up for the script to destroy.
     """
     if not runtime.distributed or not dist.is_initialized():
         return
     gc.collect()
     barrier(runtime)
-    dist.destroy_process_group()
+    if runtime.owns_group:
+        dist.destroy_process_group()
+    runtime.backend = None
+
+
+def abandon(runtime: Runtime) -> None:
+    """Leave after a failure: destroy the group (if ours) without a barrier another rank may never reach."""
+    if runtime.distributed and runtime.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
     runtime.backend = None

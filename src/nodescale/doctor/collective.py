@@ -30,9 +30,8 @@ LINK_ITERS = 3
 def run(env: DistEnv, backend: str, timeout_s: float, partners: Sequence[int]) -> dict[str, Any]:
     """Start the process group, measure, leave it; the measurement, never an exception."""
     import torch
-    import torch.distributed as dist
 
-    from nodescale.dist.process_group import shutdown, start
+    from nodescale.dist.process_group import abandon, shutdown, start
 
     result: dict[str, Any] = {"error": None, "backend": backend}
     runtime = None
@@ -50,9 +49,9 @@ def run(env: DistEnv, backend: str, timeout_s: float, partners: Sequence[int]) -
         shutdown(runtime)
     except Exception as exc:  # reported on rank 0's table; the other ranks time out the same way
         result["error"] = f"{phase} failed: {type(exc).__name__}: {_first_line(exc)}"
-        if runtime is not None and dist.is_initialized():
+        if runtime is not None:
             try:
-                dist.destroy_process_group()  # no barrier: a peer may be gone
+                abandon(runtime)  # no barrier: a peer may be gone
             except Exception:
                 pass
     return result

@@ -22,7 +22,7 @@ from nodescale.data.registry import get_format
 from nodescale.data.sharding import ShardPlan
 from nodescale.dist.env import DistEnv, detect
 from nodescale.dist.local_launch import current_restart
-from nodescale.dist.process_group import Runtime, barrier, shutdown, start
+from nodescale.dist.process_group import Runtime, abandon, barrier, shutdown, start
 from nodescale.dist.watchdog import Watchdog, open_store
 from nodescale.errors import UserError
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
@@ -65,8 +65,7 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
         stop.close(wait=False)
         if watchdog is not None:
             watchdog.stop()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        abandon(runtime)
         raise
     stop.close()
     if watchdog is not None:
