@@ -26,7 +26,7 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    _sync_directory(path.parent)
+    sync_directory(path.parent)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -39,7 +39,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def _sync_directory(directory: Path) -> None:
+def sync_directory(directory: Path) -> None:
+    """Make a rename inside ``directory`` durable (for files written by other libraries, then renamed)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:

@@ -180,6 +180,87 @@ class CheckpointSection(Section):
     )
 
 
+# Metric loggers: the module each needs and the optional extra that installs it.
+# metrics.jsonl and metrics.csv are always written; these come on top.
+LOGGERS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "mlflow": ("mlflow", "mlflow"),
+    "wandb": ("wandb", "wandb"),
+}
+ALWAYS_LOGGED = ("csv", "jsonl")
+
+
+class ObserveSection(Section):
+    log: list[str] = Field(
+        default_factory=list, description="metric loggers besides metrics.jsonl and metrics.csv (always written): "
+        "any of tensorboard, mlflow, wandb, comma-separated"
+    )
+    mlflow_uri: str | None = Field(
+        None, description="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else a file store in RUN/mlruns)"
+    )
+    experiment: str = Field("nodescale", min_length=1, description="MLflow experiment and W&B project name")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="W&B mode: offline writes RUN/wandb for `wandb sync`; online needs a login"
+    )
+    monitor: bool = Field(
+        False, description="sample CPU, memory and GPU utilisation, memory, temperature and power on one process "
+        "per node into RUN/monitor/node-N.csv"
+    )
+    monitor_interval_s: float = Field(5.0, ge=0.1, description="seconds between monitor samples")
+    profile: str | None = Field(
+        None, description="START:COUNT: profile optimiser steps START..START+COUNT-1 with the PyTorch profiler; "
+        "a trace per rank and an operator table in RUN/profile"
+    )
+
+    @field_validator("log", mode="before")
+    @classmethod
+    def _known_loggers(cls, value: object) -> list[str]:
+        if isinstance(value, str):
+            value = [part for part in value.split(",")]
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"log {value!r}", "must be a comma-separated list of logger names",
+                            "use --log tensorboard,mlflow")
+        names: list[str] = []
+        for raw in value:
+            name = str(raw).strip().lower()
+            if not name or name in ALWAYS_LOGGED:
+                continue  # always on: naming them is harmless
+            if name not in LOGGERS:
+                raise unknown_choice("logger", name, [*LOGGERS, *ALWAYS_LOGGED])
+            if name not in names:
+                names.append(name)
+        return names
+
+    @field_validator("log")
+    @classmethod
+    def _installed(cls, names: list[str]) -> list[str]:
+        from importlib.util import find_spec
+
+        for name in names:
+            module, extra = LOGGERS[name]
+            if find_spec(module) is None:
+                raise UserError(f"--log {name}", f"needs the {module!r} package, which is not installed",
+                                f"pip install 'nodescale[{extra}]' (or pip install {module})")
+        return names
+
+    @field_validator("profile")
+    @classmethod
+    def _window(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        start, count = profile_window(value)
+        return f"{start}:{count}"
+
+
+def profile_window(text: str) -> tuple[int, int]:
+    """``START:COUNT`` -> (first profiled optimiser step, counted from 1; number of steps)."""
+    parts = str(text).strip().split(":")
+    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts) or min(int(p) for p in parts) < 1:
+        raise UserError(f"profile {text!r}", "must be START:COUNT, two whole numbers of at least 1",
+                        "use --profile 10:5 to profile optimiser steps 10 to 14")
+    return int(parts[0]), int(parts[1])
+
+
 class RunConfig(Section):
     """The whole configuration of one run."""
 
@@ -189,6 +270,7 @@ class RunConfig(Section):
     train: TrainSection = Field(default_factory=TrainSection)
     strategy: StrategySection = Field(default_factory=StrategySection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    observe: ObserveSection = Field(default_factory=ObserveSection)
     out: Path | None = Field(None, description="run directory; default runs/<model>-<dataset>-<time>")
 
     @model_validator(mode="after")

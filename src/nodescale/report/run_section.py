@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 
 from nodescale.bench.scaling_plot import save_png
 from nodescale.report import markdown as md
+from nodescale.report.monitor_section import monitor_section
 from nodescale.report.plots import curves_figure, throughput_figure
 from nodescale.report.sources import RunSource
 
@@ -81,7 +82,7 @@ def run_notes(run: RunSource) -> list[str]:
 
 
 def run_section(run: RunSource, report_dir: Path, stem: str) -> str:
-    """Markdown for one run; writes ``STEM-curves.png`` and ``STEM-throughput.png`` into ``report_dir``."""
+    """Markdown for one run; writes ``STEM-curves.png``, ``STEM-throughput.png`` (and ``STEM-monitor.png``)."""
     parts = [
         f"## Run `{run.label}`",
         f"Directory: {md.directory_link(run.path, report_dir)}. Throughput and step time are `summary.json`'s: "
@@ -95,4 +96,7 @@ def run_section(run: RunSource, report_dir: Path, stem: str) -> str:
                               f"{stem}-curves.png", f"loss and accuracy of {run.label}"))
     parts.append(write_figure(throughput_figure([run], f"{run.label}: throughput"), report_dir,
                               f"{stem}-throughput.png", f"throughput of {run.label}"))
+    if run.monitor_files:  # a --monitor run: its nodes' usage against the same clock as its throughput
+        parts.append(monitor_section(run.monitor_files, run.records("step"), report_dir, f"{stem}-monitor.png",
+                                     run.label))
     return "\n\n".join(parts)

@@ -2,7 +2,8 @@
 
 Three kinds are recognised, by the files they hold:
 
-- a training run: ``summary.json`` and ``metrics.jsonl`` (``nodescale train``);
+- a training run: ``summary.json`` and ``metrics.jsonl`` (``nodescale train``), with
+  ``monitor/node-N.csv`` when it ran with ``--monitor``;
 - a bench scaling directory: ``scaling.json`` (``nodescale bench scaling``);
 - a bench comm directory: ``results.json`` whose rows have ``op`` and
   ``busbw_GBps`` (``nodescale bench comm``).
@@ -35,6 +36,7 @@ class RunSource:
     metrics: list[dict[str, Any]]
     skipped_lines: int = 0  # metrics.jsonl lines that were not JSON (a run cut off mid-write)
     label: str = ""
+    monitor_files: list[Path] = field(default_factory=list)  # monitor/node-N.csv of a --monitor run
     kind: str = field(default="run", init=False)
 
     def records(self, kind: str) -> list[dict[str, Any]]:
@@ -85,7 +87,7 @@ def load_source(path: Path) -> Source:
             raise UserError(f"{path / 'summary.json'}", "is not a nodescale run summary (no world_size)",
                             f"pass {EXPECTED}")
         metrics, skipped = _read_jsonl(path / "metrics.jsonl")
-        return RunSource(path, summary, metrics, skipped)
+        return RunSource(path, summary, metrics, skipped, monitor_files=_monitor_files(path))
     present = sorted(child.name for child in path.iterdir())[:8]
     return _unknown(path, present)
 
@@ -118,6 +120,12 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
         if isinstance(record, dict):
             records.append(record)
     return records, skipped
+
+
+def _monitor_files(path: Path) -> list[Path]:
+    """``monitor/node-N.csv`` in node order (node-10 after node-9)."""
+    files = [child for child in (path / "monitor").glob("node-*.csv") if child.is_file()]
+    return sorted(files, key=lambda child: (len(child.stem), child.stem))
 
 
 def _comm_rows(path: Path) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:

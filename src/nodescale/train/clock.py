@@ -7,6 +7,7 @@ boundaries, warm-up end, around evaluation), never per step.
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -56,3 +57,14 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     # ru_maxrss is in KiB on Linux, bytes on macOS.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return (rss if sys.platform == "darwin" else rss * 1024), "host_peak_rss"
+
+
+def current_memory_bytes(device: torch.device) -> int:
+    """This process's memory now: CUDA memory allocated, or the resident set size on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    try:  # Linux: resident pages are the second field; one small read, no psutil needed
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_memory_bytes(device)[0]

@@ -27,10 +27,12 @@ from nodescale.dist.watchdog import Watchdog, open_store
 from nodescale.errors import UserError
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
 from nodescale.models.registry import build_model
+from nodescale.observe.loggers import make_sinks
 from nodescale.strategies import make_strategy
 from nodescale.train import checkpoint
 from nodescale.train.console import Console
 from nodescale.train.metrics_log import MetricsLog
+from nodescale.train.observers import Observers
 from nodescale.train.optim import make_optimizer, make_scheduler
 from nodescale.train.preemption import StopRequest, write_requeue_file
 from nodescale.train.rundir import check_run_dir, default_run_dir
@@ -101,7 +103,7 @@ def _leave_for_requeue(trainer: Trainer, runtime: Runtime, metrics: MetricsLog, 
         else:
             console.note(f"{trainer.stopped_by}: every rank stopped at step {step}, checkpoint written; not "
                          f"requeued (exit code {code}): continue with --out {trainer.run_dir} --resume")
-    metrics.close()
+    metrics.close(None, "stopped")
     return {"stopped_by": trainer.stopped_by, "exit_code": code, "global_step": step,
             "run_dir": str(trainer.run_dir)}
 
@@ -121,7 +123,20 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float, stop
         check_run_dir(run_dir, cfg.checkpoint.resume)
         run_dir.mkdir(parents=True, exist_ok=True)
     console = Console(runtime.is_main, cfg.train.progress)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", runtime.is_main)
+    sinks = make_sinks(cfg.observe, run_dir) if runtime.is_main else []
+    metrics = MetricsLog(run_dir / "metrics.jsonl", runtime.is_main, sinks)
+    observers = Observers(cfg, runtime, run_dir)
+    try:
+        return _train_observed(cfg, runtime, strategy, started, stop, watchdog, run_dir, console, metrics, observers)
+    except BaseException:
+        observers.abort()
+        metrics.close(None, "failed")
+        raise
+
+
+def _train_observed(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float, stop: StopRequest | None,
+                    watchdog: Watchdog | None, run_dir: Path, console: Console, metrics: MetricsLog,
+                    observers: Observers) -> dict[str, Any]:
 
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     random.seed(cfg.train.seed)
@@ -166,18 +181,22 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float, stop
         _resume(trainer, run_dir, console)
     if runtime.is_main:  # after a resume was accepted: a refused one leaves the run's own settings
         write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+    metrics.start(cfg.model_dump(mode="json"), resumed=trainer.position.global_step > 0)
 
     trainer.stop, trainer.watchdog = stop, watchdog
+    observers.start(trainer)
     trainer.fit()
+    observed = observers.stop(console)
     if trainer.stopped_by:
         return _leave_for_requeue(trainer, runtime, metrics, console)
     summary = gather_summary(cfg, runtime, trainer.timing, trainer.position.as_dict(), trainer.last_eval,
                              trainer.peak_memory(), trainer.footprint, time.perf_counter() - started)
+    summary.update(observed)
     summary["run_dir"] = str(run_dir)
     if runtime.is_main:
         write_json_atomic(run_dir / "summary.json", summary)
         console.print(summary_table(summary))
-    metrics.close()
+    metrics.close(summary, "finished")
     return summary
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -27,12 +27,15 @@ from nodescale.errors import UserError
 from nodescale.models.spec import Task
 from nodescale.strategies.base import Footprint, Strategy, Updater
 from nodescale.train import checkpoint
-from nodescale.train.clock import TrainClock, peak_memory_bytes, synchronize
+from nodescale.train.clock import TrainClock, current_memory_bytes, peak_memory_bytes, synchronize
 from nodescale.train.console import Console
 from nodescale.train.evaluate import EvalResult, evaluate
 from nodescale.train.loss import per_sample_loss
 from nodescale.train.metrics_log import MetricsLog
 from nodescale.train.preemption import StopRequest
+
+if TYPE_CHECKING:
+    from nodescale.observe.profiler import StepProfiler
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -103,6 +106,7 @@ class Trainer:
         self.stop: StopRequest | None = None  # set by run_training: stop signals, agreed at step boundaries
         self.watchdog: Watchdog | None = None  # set by run_training: the heartbeat of this rank
         self.stopped_by: str | None = None  # the stop signal that ended fit() early, if one did
+        self.profiler: StepProfiler | None = None  # set by run_training for --profile; started and stopped there
         precision = cfg.train.precision
         # fp32 needs no autocast context at all: entering a disabled one still costs every step.
         self.autocast: AbstractContextManager[Any] = (
@@ -241,6 +245,8 @@ class Trainer:
                 self._optimizer_step()
                 window.steps += 1
                 step = self.position.global_step
+                if self.profiler is not None:
+                    self.profiler.step(step)
                 if timed:
                     self.timing.timed_steps += 1
                 if step == warm_at and not timed:
@@ -323,8 +329,11 @@ class Trainer:
 
     def _log_interval(self, window: _Window) -> None:
         synchronize(self.device)
-        loss, accuracy, samples = window.reduce(self.runtime.distributed)
         seconds = window.elapsed()
+        loss, accuracy, samples = window.reduce(self.runtime.distributed)
+        # The slowest rank sets the pace, and the fullest one runs out of memory first.
+        seconds, data_wait, memory = _largest((seconds, window.data_wait, current_memory_bytes(self.device)),
+                                              self.runtime.distributed, self.device)
         steps = max(window.steps, 1)
         record = {
             "kind": "step",
@@ -335,8 +344,9 @@ class Trainer:
             "lr": self.scheduler.get_last_lr()[0],
             "samples_per_second": samples / seconds if seconds > 0 else None,
             "step_seconds": seconds / steps,
-            "data_wait_seconds": window.data_wait / steps,
-            "compute_seconds": max(0.0, seconds - window.data_wait) / steps,
+            "data_wait_seconds": data_wait / steps,
+            "compute_seconds": max(0.0, seconds - data_wait) / steps,
+            "memory_bytes": int(memory),
         }
         self.metrics.write(record)
         self.console.interval(record)
@@ -428,6 +438,15 @@ class _Window:
         loss_sum, hits, count = totals.tolist()
         count = max(count, 1.0)
         return loss_sum / count, (hits / count if self.predictions else None), int(count)
+
+
+def _largest(values: tuple[float, ...], distributed: bool, device: torch.device) -> tuple[float, ...]:
+    """Each value's maximum over the ranks (one all-reduce; the values themselves without a group)."""
+    if not distributed:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tuple(tensor.tolist())
 
 
 def _window_totals(counts: list[int], start: int, accum: int) -> list[int]:

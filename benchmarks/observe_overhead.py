@@ -1,0 +1,178 @@
+"""What observing a run costs: step time with ``--log tensorboard --monitor`` against without.
+
+Runs, in one invocation, repeated and interleaved pairs of the same
+``nodescale train`` job (the cases of ``overhead.py``: same model, data,
+batch, steps, warm-up exclusion, processes and threads), once plain and once
+with TensorBoard logging and the device monitor sampling every
+``--monitor-interval`` seconds (default 1 s, five times the default rate, so
+the sampler's cost is not hidden by sampling rarely). It compares the median
+steady-state ``step_seconds`` of each side. Target: observed/plain <= 1.01.
+
+    python benchmarks/observe_overhead.py                     # both cases, 4 repeats
+    python benchmarks/observe_overhead.py --cases cnn-digits --repeats 6
+
+Results go to ``benchmarks/results/observe_overhead.json`` (``--out`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from overhead import CASES, Case, child_env, machine, nodescale_command, run_logged  # noqa: E402
+
+DEFAULT_OUT = HERE / "results" / "observe_overhead.json"
+TARGET_RATIO = 1.01
+
+
+@dataclass
+class Run:
+    side: str  # "plain" or "observed"
+    case: str
+    repeat: int
+    step_seconds: float
+    timed_steps: int
+    timed_samples: int
+    monitor_samples: int  # rows the monitor wrote (0 for plain runs)
+    tensorboard_files: int  # event files written (0 for plain runs)
+
+
+def observe_flags(interval: float) -> list[str]:
+    return ["--log", "tensorboard", "--monitor", "--monitor-interval", str(interval)]
+
+
+def run_side(side: str, case: Case, repeat: int, args: argparse.Namespace, workdir: Path) -> Run:
+    run_dir = workdir / f"{side}-{case.name}-{repeat}"
+    cmd = nodescale_command(case, args.nproc, run_dir)
+    if side == "observed":
+        cmd += observe_flags(args.monitor_interval)
+    run_logged(cmd, child_env(args.threads), workdir / f"{side}-{case.name}-{repeat}.log")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if summary.get("timing_includes_warmup"):
+        raise RuntimeError(f"{case.name}: the warm-up was timed too; use more --steps")
+    monitor_rows = sum(len(path.read_text().splitlines()) - 1 for path in run_dir.glob("monitor/*.csv"))
+    events = len(list(run_dir.glob("tensorboard/events.out.tfevents.*")))
+    if side == "observed" and (monitor_rows < 1 or events < 1):
+        raise RuntimeError(f"{run_dir}: the observed run wrote no monitor rows or no TensorBoard events")
+    return Run(side, case.name, repeat, summary["step_seconds"], summary["timed_steps"], summary["timed_samples"],
+               monitor_rows, events)
+
+
+def summarise(case: Case, runs: list[Run]) -> dict[str, Any]:
+    plain = [r.step_seconds for r in runs if r.side == "plain"]
+    observed = [r.step_seconds for r in runs if r.side == "observed"]
+    by_repeat = {r.repeat: r.step_seconds for r in runs if r.side == "plain"}
+    paired = [r.step_seconds / by_repeat[r.repeat] for r in runs if r.side == "observed" and r.repeat in by_repeat]
+    like_for_like = len({(r.timed_steps, r.timed_samples) for r in runs}) == 1
+    ratio = statistics.median(observed) / statistics.median(plain)
+    return {
+        "case": case.name,
+        "description": case.description,
+        "plain_step_ms": [s * 1e3 for s in plain],
+        "observed_step_ms": [s * 1e3 for s in observed],
+        "plain_step_ms_median": statistics.median(plain) * 1e3,
+        "observed_step_ms_median": statistics.median(observed) * 1e3,
+        "ratio": ratio,
+        "ratio_of_minima": min(observed) / min(plain),
+        "paired_ratios": paired,
+        "observed_slower_pairs": sum(r > 1.0 for r in paired),
+        "monitor_rows_per_run": [r.monitor_samples for r in runs if r.side == "observed"],
+        "target_ratio": TARGET_RATIO,
+        "like_for_like": like_for_like,
+        "passed": like_for_like and ratio <= TARGET_RATIO,
+    }
+
+
+def table(summaries: list[dict[str, Any]], args: argparse.Namespace) -> Table:
+    result = Table(title=f"Step time with --log tensorboard --monitor (every {args.monitor_interval} s) against "
+                         f"without; {args.nproc} processes x {args.threads} thread(s), median of {args.repeats} "
+                         "(ms per optimiser step)")
+    for header in ("case", "plain ms", "observed ms", "ratio", "target", "result", "paired ratios",
+                   "observed slower", "ratio of minima"):
+        result.add_column(header, justify="left" if header == "case" else "right")
+    for s in summaries:
+        result.add_row(
+            s["case"], f"{s['plain_step_ms_median']:.2f}", f"{s['observed_step_ms_median']:.2f}", f"{s['ratio']:.3f}",
+            f"<= {s['target_ratio']:.2f}",
+            "[green]pass[/]" if s["passed"] else "[red]fail[/]" if s["like_for_like"] else "[red]invalid[/]",
+            f"{min(s['paired_ratios']):.3f}-{max(s['paired_ratios']):.3f}",
+            f"{s['observed_slower_pairs']}/{len(s['paired_ratios'])} pairs", f"{s['ratio_of_minima']:.3f}",
+        )
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=4, help="runs of each side per case (default 4)")
+    parser.add_argument("--steps", type=int, default=None, help="optimiser steps per run (default: per case)")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--nproc", type=int, default=2, help="processes per run (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per process (default 1)")
+    parser.add_argument("--monitor-interval", type=float, default=1.0, help="monitor sampling interval, s")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON (default {DEFAULT_OUT})")
+    parser.add_argument("--keep-logs", type=Path, default=None, help="keep every run's log and run dir here")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.cases.split(",") if name not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = 190
+    cases = [CASES[name] for name in args.cases.split(",")]
+    if args.steps is not None:
+        cases = [replace(c, steps=args.steps) for c in cases]
+    started = time.perf_counter()
+    info = machine()
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="nodescale-observe-") as tmp:
+        workdir = args.keep_logs or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for repeat in range(args.repeats):
+            for case in cases:
+                sides = ["plain", "observed"] if repeat % 2 == 0 else ["observed", "plain"]  # drift favours neither
+                for side in sides:
+                    run = run_side(side, case, repeat, args, workdir)
+                    runs.append(run)
+                    console.print(f"repeat {repeat + 1}/{args.repeats}  {case.name:<22} {side:<9} "
+                                  f"{run.step_seconds * 1e3:9.2f} ms/step  monitor rows {run.monitor_samples}")
+    summaries = [summarise(case, [r for r in runs if r.case == case.name]) for case in cases]
+    console.print(table(summaries, args))
+    record = {
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "machine": info,
+        "nproc": args.nproc,
+        "omp_num_threads": args.threads,
+        "monitor_interval_s": args.monitor_interval,
+        "units": {"step_ms": "milliseconds per optimiser step (steady state, warm-up excluded)"},
+        "cases": summaries,
+        "runs": [asdict(r) for r in runs],
+        "total_seconds": time.perf_counter() - started,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Observability of a run: metric loggers (sinks), the device monitor and the profiler."""

@@ -1,0 +1,108 @@
+"""A rank's ``--monitor`` and ``--profile``: started around ``Trainer.fit``, their results put into the summary.
+
+Neither touches the step when switched off; the monitor never does (a thread
+on one process per node), the profiler only over its window of steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from nodescale.config.schema import RunConfig, profile_window
+from nodescale.dist.process_group import Runtime
+from nodescale.observe.monitor import MonitorResult, NodeMonitor
+from nodescale.observe.profiler import ProfileResult, StepProfiler, top_ops_text
+from nodescale.train.console import Console
+from nodescale.train.trainer import Trainer
+
+MONITOR_DIR = "monitor"
+PROFILE_DIR = "profile"
+
+
+class Observers:
+    """The monitor of this node (on its local rank 0) and this rank's profiler, as the run asked."""
+
+    def __init__(self, cfg: RunConfig, runtime: Runtime, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.run_dir = run_dir
+        self.monitor: NodeMonitor | None = None
+        self.profiler: StepProfiler | None = None
+
+    def start(self, trainer: Trainer) -> None:
+        """Start what was asked for; a collective when --monitor is on (every rank says where it runs)."""
+        observe = self.cfg.observe
+        if observe.monitor:
+            pids = self._node_pids()
+            if self.runtime.is_local_main:
+                node = self.runtime.env.node_rank
+                path = self.run_dir / MONITOR_DIR / f"node-{node}.csv"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.monitor = NodeMonitor(path, observe.monitor_interval_s, pids, socket.gethostname(), node)
+                self.monitor.start()
+        if observe.profile:
+            first, count = profile_window(observe.profile)
+            self.profiler = StepProfiler(first, count, trainer.position.global_step, self.run_dir / PROFILE_DIR,
+                                         self.runtime.rank, self.runtime.device)
+            trainer.profiler = self.profiler
+            self.profiler.start()
+
+    def _node_pids(self) -> list[int]:
+        """The process ids of the ranks on this node (one all-gather)."""
+        mine = (self.runtime.env.node_rank, os.getpid())
+        everyone: list[Any] = [mine]
+        if self.runtime.distributed:
+            everyone = [None] * self.runtime.world_size
+            dist.all_gather_object(everyone, mine)
+        return [pid for node, pid in everyone if node == self.runtime.env.node_rank]
+
+    def stop(self, console: Console) -> dict[str, Any]:
+        """Stop both and return what goes into summary.json (a collective when --monitor is on)."""
+        result: dict[str, Any] = {}
+        profiled = self.profiler.stop() if self.profiler is not None else None
+        if profiled is not None:
+            result["profile"] = self._describe_profile(profiled, console)
+        if self.cfg.observe.monitor:
+            mine = self.monitor.stop() if self.monitor is not None else None
+            everyone: list[Any] = [mine]
+            if self.runtime.distributed:
+                everyone = [None] * self.runtime.world_size
+                dist.all_gather_object(everyone, mine)
+            result.update(self._describe_monitors([m for m in everyone if m is not None]))
+        return result
+
+    def abort(self) -> None:
+        """After a failure: stop the sampler thread and the profiler without talking to other ranks."""
+        for stop in (self.monitor.stop if self.monitor else None, self.profiler.stop if self.profiler else None):
+            if stop is not None:
+                try:
+                    stop()
+                except Exception:  # noqa: BLE001 - the failure being handled matters more
+                    pass
+
+    def _describe_profile(self, profiled: ProfileResult, console: Console) -> dict[str, Any]:
+        if self.runtime.is_main:
+            first, last = profiled.steps
+            console.print(f"profile of steps {first}-{last} (rank 0), top operators; all ranks' traces and "
+                          f"tables in {profiled.trace.parent}:")
+            console.print(top_ops_text(json.loads(profiled.ops.read_text())))
+        return {"steps": list(profiled.steps), "dir": str(profiled.trace.parent.relative_to(self.run_dir))}
+
+    def _describe_monitors(self, results: list[MonitorResult]) -> dict[str, Any]:
+        energies = [r.energy_joules for r in results if r.energy_joules is not None]
+        return {
+            "monitor": {
+                "interval_s": self.cfg.observe.monitor_interval_s,
+                "files": sorted(str(r.path.relative_to(self.run_dir)) for r in results),
+                "samples": sum(r.samples for r in results),
+                "devices": [name for r in results for name in r.devices],
+            },
+            # Energy only where every node's devices reported it: a partial sum would mislead.
+            "energy_joules": sum(energies) if results and len(energies) == len(results) else None,
+        }
