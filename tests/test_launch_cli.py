@@ -91,3 +91,46 @@ def test_pbs_job_states_match_the_ids_nodescale_stored(tmp_path: Path, monkeypat
     monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
     states = job_states("pbs", ["3456789.desched1", "3456790.desched1"])
     assert states == {"3456789.desched1": "RUNNING", "3456790.desched1": "FINISHED"}
+
+
+def _dry_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from nodescale.cli.main import main
+
+    code = main(["launch", "--dry-run", *argv, "--", "nodescale", "train"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("scheduler, signal_line, argv", [
+    ("slurm", "#SBATCH --signal=B:USR1@300", ["--time", "00:10:00", "--stop-warning", "300"]),
+    ("pbs", "( sleep 400 && kill -USR1 $$ )", ["--time", "00:10:00", "--stop-warning", "200"]),
+])
+def test_stop_warning_sets_when_the_ranks_are_signalled(scheduler: str, signal_line: str, argv: list[str],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _dry_run(["--scheduler", scheduler, *argv], capsys)
+    assert code == 0 and signal_line in out
+
+
+@pytest.mark.parametrize("scheduler, requeue_line", [("slurm", "#SBATCH --requeue"), ("pbs", "qrerun")])
+def test_no_requeue_leaves_out_the_signal_and_the_requeue(scheduler: str, requeue_line: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _dry_run(["--scheduler", scheduler], capsys)
+    assert code == 0 and requeue_line in out and "USR1" in out
+    code, out, _ = _dry_run(["--scheduler", scheduler, "--no-requeue"], capsys)
+    assert code == 0 and requeue_line not in out and "USR1" not in out
+
+
+def test_a_job_shorter_than_the_default_warning_is_not_requeued(capsys: pytest.CaptureFixture[str]) -> None:
+    # Signalled as soon as it starts, it would checkpoint and requeue forever.
+    with pytest.warns(UserWarning, match="no stop signal and no requeue"):
+        code, out, _ = _dry_run(["--scheduler", "slurm", "--time", "00:01:00"], capsys)
+    assert code == 0 and "--signal" not in out and "#SBATCH --requeue" not in out
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--time", "00:05:00", "--stop-warning", "300"], "300 s is not less than 300 s"),
+    (["--stop-warning", "2m"], "whole number"),
+])
+def test_bad_stop_warnings_are_refused(argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _dry_run(["--scheduler", "slurm", *argv], capsys)
+    assert code == 2 and expected in err and "hint:" in err

@@ -44,8 +44,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                         help="environment variable for the job (repeatable; checked for NCCL/FI typos)")
     parser.add_argument("--dry-run", action="store_true", help="print the script and the submit command only")
+    parser.add_argument("--stop-warning", metavar="SECONDS", default=None,
+                        help="Slurm/PBS: signal the ranks this long before the wall time, so they checkpoint and "
+                             "the job is requeued (default 120)")
+    parser.add_argument("--no-requeue", dest="requeue", action="store_false",
+                        help="Slurm/PBS: no stop signal before the wall time and no requeue")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...")
     parser.set_defaults(handler=run)
+
+
+DEFAULT_STOP_WARNING_S = 120
 
 
 def _count(flag: str, text: str | list[str] | None, minimum: int = 1) -> int | None:
@@ -73,7 +81,7 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
     """The validated ``JobSpec`` and ``Preset`` (``None`` for local runs) from the flags."""
     from pydantic import ValidationError
 
-    from nodescale.launch.spec import JobSpec
+    from nodescale.launch.spec import JobSpec, walltime_seconds
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -114,6 +122,9 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
             job_name=args.job_name or "nodescale",
             env=_env_pairs(args.env),
             command=command,
+            requeue=args.requeue,
+            stop_warning_s=(DEFAULT_STOP_WARNING_S if args.stop_warning is None
+                            else _count("--stop-warning", args.stop_warning, minimum=0)),
             workdir=workdir,
             job_dir=(workdir / args.job_dir).resolve(),
         )
@@ -122,6 +133,18 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
         field = str(error["loc"][0]) if error["loc"] else "job"
         raise UserError(f"--{field.replace('_', '-')} {error.get('input')!r}", error["msg"].removeprefix(
             "Value error, "), "see `nodescale launch --help`") from None
+    too_late = spec.requeue and scheduler != "local" and spec.stop_warning_s >= walltime_seconds(spec.time)
+    if too_late and args.stop_warning is None:
+        # A short test job with the default lead: signalled at once, it would requeue forever.
+        warnings.warn(f"no stop signal and no requeue: the wall time {spec.time} is not longer than the default "
+                      f"{DEFAULT_STOP_WARNING_S} s stop warning (set --stop-warning to keep them)", stacklevel=2)
+        spec = spec.model_copy(update={"requeue": False})
+    elif too_late:
+        raise UserError(f"--stop-warning {spec.stop_warning_s} with --time {spec.time}",
+                        f"the stop signal must come before the wall time ends, and {spec.stop_warning_s} s "
+                        f"is not less than {walltime_seconds(spec.time)} s",
+                        "use a shorter --stop-warning (the time one checkpoint takes, plus a margin), a longer "
+                        "--time, or --no-requeue")
     if spec.mode == "spawn" and command[:2] == ["nodescale", "train"] and spec.nproc_per_node > 1:
         # Under a one-task launcher nodescale train is that one process; it spawns nothing.
         raise UserError("--mode spawn with nodescale train",

@@ -8,14 +8,11 @@ does not add up. Pure: no scheduler is asked, nothing is read from disk.
 
 from __future__ import annotations
 
-import re
 import warnings
 
 from nodescale.errors import UserError
 from nodescale.launch.envcheck import EnvWarning, check_env
-from nodescale.launch.spec import JobSpec, Preset
-
-_WALLTIME = re.compile(r"^(?:(\d+)-)?(\d{1,3}):(\d{2}):(\d{2})$")
+from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # What a project/account looks like on each built-in cluster, for the hint when it is missing.
 # (Preset has no field for it yet; a user preset's account falls back to the generic example.)
@@ -25,17 +22,6 @@ ACCOUNT_EXAMPLES = {
     "lumi": "project_XXXXXXXXX",
     "derecho": "PROJECTCODE",
 }
-
-
-def walltime_seconds(text: str) -> int:
-    """``"1-12:00:00"`` or ``"36:00:00"`` -> seconds; ValueError for anything else."""
-    match = _WALLTIME.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not HH:MM:SS or D-HH:MM:SS")
-    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
-    if minutes > 59 or seconds > 59:
-        raise ValueError(f"{text!r} has more than 59 minutes or seconds")
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def check_job(spec: JobSpec, preset: Preset) -> None:

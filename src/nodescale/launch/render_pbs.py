@@ -16,7 +16,7 @@ import re
 
 from nodescale.errors import UserError
 from nodescale.launch import requeue, shell
-from nodescale.launch.spec import JobSpec, Preset
+from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # PBS Pro refuses longer job names.
 MAX_JOB_NAME = 236
@@ -134,13 +134,6 @@ def mpiexec_words(spec: JobSpec, preset: Preset, total: int, per_node: int, env_
     for name in dict.fromkeys(["PATH", "MASTER_ADDR", "MASTER_PORT", "PBS_JOBID", *env_names]):
         words += ["-x", name]
     return words
-
-
-def walltime_seconds(time: str) -> int:
-    """``[D-]HH:MM:SS`` in seconds."""
-    days, _, clock = time.rpartition("-")
-    hours, minutes, seconds = (int(part) for part in clock.split(":"))
-    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def run_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[list[str]]:

@@ -20,6 +20,15 @@ Mode = Literal["torchrun", "per-gpu", "spawn"]
 _TIME = re.compile(r"^(\d+-)?\d{1,3}:[0-5]\d:[0-5]\d$")  # minutes and seconds below 60
 
 
+def walltime_seconds(text: str) -> int:
+    """``"1-12:00:00"`` or ``"36:00:00"`` -> seconds; ValueError for anything else."""
+    if not _TIME.match(text):
+        raise ValueError(f"{text!r} is not HH:MM:SS or D-HH:MM:SS with minutes and seconds below 60")
+    days, _, clock = text.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
