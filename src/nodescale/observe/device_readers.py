@@ -59,13 +59,16 @@ class DeviceReader(Protocol):
         ...
 
 
-def detect_reader() -> DeviceReader | None:
+def detect_reader(cuda_devices: str | None = None) -> DeviceReader | None:
     """NVML if it initialises and sees a device, else ``rocm-smi`` if it is on PATH and sees one, else None.
 
-    Never raises: a node without accelerators (or without their tools) is a
-    normal place to train, and the monitor then records the host only.
+    ``cuda_devices`` (a CUDA_VISIBLE_DEVICES value) selects the NVIDIA GPUs instead of this
+    process's CUDA_VISIBLE_DEVICES. Never raises: a node without accelerators (or without their
+    tools) is a normal place to train, and the monitor then records the host only.
     """
-    for opener in (NvmlReader.open, RocmSmiReader.open):
+    openers: tuple[Callable[[], DeviceReader | None], ...] = (lambda: NvmlReader.open(cuda_devices),
+                                                              RocmSmiReader.open)
+    for opener in openers:
         try:
             reader = opener()
         except Exception:  # noqa: BLE001 - a broken driver or tool means "no devices", not a failed run
@@ -178,8 +181,11 @@ class NvmlReader:
         self._unsupported: set[tuple[int, str]] = set()
 
     @classmethod
-    def open(cls) -> NvmlReader | None:
-        """Initialise NVML and pick the visible GPUs; None without pynvml, a driver or a visible GPU."""
+    def open(cls, cuda_devices: str | None = None) -> NvmlReader | None:
+        """Initialise NVML and pick the GPUs ``cuda_devices`` (default: CUDA_VISIBLE_DEVICES) names.
+
+        None without pynvml, a driver or a visible GPU.
+        """
         try:
             import pynvml
         except ImportError:
@@ -192,7 +198,7 @@ class NvmlReader:
             count = pynvml.nvmlDeviceGetCount()
             all_handles = [pynvml.nvmlDeviceGetHandleByIndex(index) for index in range(count)]
             uuids = [_text(pynvml.nvmlDeviceGetUUID(handle)) for handle in all_handles]
-            value = os.environ.get("CUDA_VISIBLE_DEVICES")
+            value = cuda_devices if cuda_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
             migs = _mig_parents(pynvml, all_handles) if value and "mig-" in value.lower() else {}
             visible = cuda_visible_indices(value, uuids, migs)
             handles = [all_handles[index] for index in visible]

@@ -89,7 +89,11 @@ class NodeMonitor:
     flushed one by one, so a crash of the run leaves a readable file.
     """
 
-    def __init__(self, path: Path, interval_s: float, pids: Sequence[int], host: str, node_rank: int) -> None:
+    def __init__(self, path: Path, interval_s: float, pids: Sequence[int], host: str, node_rank: int,
+                 cuda_devices: str | None = None) -> None:
+        """``cuda_devices``: the NVIDIA GPUs to sample, as a CUDA_VISIBLE_DEVICES value (indices or UUIDs);
+        None: those this process's CUDA_VISIBLE_DEVICES shows. Under per-rank GPU masks (Slurm
+        --gpus-per-task) the caller passes the UUIDs of all the node's ranks' GPUs."""
         if not interval_s > 0:
             raise ValueError(f"monitor interval must be positive, got {interval_s}")
         self.path = Path(path)
@@ -97,6 +101,7 @@ class NodeMonitor:
         self.pids = list(pids)
         self.host = host
         self.node_rank = node_rank
+        self.cuda_devices = cuda_devices
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -158,7 +163,7 @@ class NodeMonitor:
 
     def _open(self) -> bool:
         """Find the devices, attach to the processes and write the header; False (with a warning) if impossible."""
-        self._reader = detect_reader()
+        self._reader = detect_reader(self.cuda_devices)
         if self._reader is not None:
             try:
                 self._devices = self._reader.names()

@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from nodescale.config.schema import RunConfig, profile_window
@@ -39,12 +40,13 @@ class Observers:
         """Start what was asked for; a collective when --monitor is on (every rank says where it runs)."""
         observe = self.cfg.observe
         if observe.monitor:
-            pids = self._node_pids()
+            pids, gpus = self._node_processes()
             if self.runtime.is_local_main:
                 node = self.runtime.env.node_rank
                 path = self.run_dir / MONITOR_DIR / f"node-{node}.csv"
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self.monitor = NodeMonitor(path, observe.monitor_interval_s, pids, socket.gethostname(), node)
+                self.monitor = NodeMonitor(path, observe.monitor_interval_s, pids, socket.gethostname(), node,
+                                           cuda_devices=",".join(gpus) if gpus else None)
                 self.monitor.start()
         if observe.profile:
             first, count = profile_window(observe.profile)
@@ -53,14 +55,20 @@ class Observers:
             trainer.profiler = self.profiler
             self.profiler.start()
 
-    def _node_pids(self) -> list[int]:
-        """The process ids of the ranks on this node (one all-gather)."""
-        mine = (self.runtime.env.node_rank, os.getpid())
+    def _node_processes(self) -> tuple[list[int], list[str]]:
+        """The process ids of this node's ranks, and the UUIDs of their NVIDIA GPUs (one all-gather).
+
+        The UUIDs let local rank 0 sample every rank's GPU even where each rank sees only its own
+        (Slurm --gpus-per-task, per-rank CUDA_VISIBLE_DEVICES wrappers).
+        """
+        mine = (self.runtime.env.node_rank, os.getpid(), _nvidia_uuid(self.runtime.device))
         everyone: list[Any] = [mine]
         if self.runtime.distributed:
             everyone = [None] * self.runtime.world_size
             dist.all_gather_object(everyone, mine)
-        return [pid for node, pid in everyone if node == self.runtime.env.node_rank]
+        here = [entry for entry in everyone if entry[0] == self.runtime.env.node_rank]
+        uuids = [uuid for _, _, uuid in here]
+        return [pid for _, pid, _ in here], (list(dict.fromkeys(uuids)) if all(uuids) else [])
 
     def stop(self, console: Console) -> dict[str, Any]:
         """Stop both and return what goes into summary.json (a collective when --monitor is on)."""
@@ -106,3 +114,11 @@ class Observers:
             # Energy only where every node's devices reported it: a partial sum would mislead.
             "energy_joules": sum(energies) if results and len(energies) == len(results) else None,
         }
+
+
+def _nvidia_uuid(device: torch.device) -> str | None:
+    """``GPU-<uuid>`` of this rank's NVIDIA GPU (as NVML names it); None on the CPU and on ROCm."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return None
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
