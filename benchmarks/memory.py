@@ -26,7 +26,7 @@ does not count DeepSpeed's whole fp32 copy of the parameters (RESULTS.md).
 
 Every model trains on ``--dataset synthetic --set data.image_size=32`` (random
 3x32x32 images) with AdamW, ``--precision fp32`` unless told otherwise,
-``--batch-size 8`` per process, 3 steps. ``zero-0`` (DeepSpeed, no
+``--batch-size 8`` per process, 6 steps, the step time taken over the last 3. ``zero-0`` (DeepSpeed, no
 partitioning) runs only when named. The default invocation (16 runs) takes
 6-10 minutes on 2 cores. MB = 10^6 bytes. Results go to
 ``benchmarks/results/memory.json`` (``--out`` to change).
@@ -58,6 +58,7 @@ DEFAULT_OUT = HERE / "results" / "memory.json"
 DEFAULT_MODELS = ("resnet18", "vit_small")
 BASELINE = "ddp"
 MB = 1e6  # bytes; the table's unit
+WARMUP_STEPS = 3  # steps before the step time is taken (allocations, DeepSpeed's and FSDP's first-step work)
 
 # Variables a launcher sets in its workers: inherited, nodescale would take them
 # as its own rank and start no local processes (as in overhead.py).
@@ -114,7 +115,8 @@ class RunResult:
     total_bytes_by_rank: list[int]
     peak_memory_bytes: int
     peak_memory_kind: str
-    wall_seconds: float  # the whole subprocess: start-up, 3 steps, evaluation, shutdown
+    step_seconds: float  # steady-state time per optimiser step after the warm-up steps (slowest rank)
+    wall_seconds: float  # the whole subprocess: start-up, the steps, evaluation, shutdown
 
 
 # ---------------------------------------------------------------- running
@@ -129,10 +131,12 @@ def train_command(model: str, strategy: Strategy, args: argparse.Namespace, run_
     cmd = [
         sys.executable, "-m", "nodescale", "train", "--nproc", str(args.nproc),
         "--model", model, "--dataset", "synthetic", "--set", "data.image_size=32",
-        # Only 3 steps' worth of data is used; a small set keeps the final evaluation short.
+        # Only a few steps' worth of data is used; a small set keeps the final evaluation short.
         "--set", "data.samples=256",
         "--optimizer", "adamw", "--precision", args.precision,
         "--batch-size", str(args.batch_size), "--max-steps", str(args.steps),
+        # The state is measured before the 2nd step; the step time after these warm-up steps.
+        "--set", f"train.timing_warmup_steps={WARMUP_STEPS}",
         "--no-progress", "--out", str(run_dir),
         "--set", "checkpoint.at_end=false",  # a checkpoint adds wall time and nothing to the figures
         *strategy.flags,
@@ -163,30 +167,34 @@ def run_one(model: str, strategy: Strategy, args: argparse.Namespace, workdir: P
         raise RuntimeError(f"exit code {proc.returncode}: {shlex.join(cmd)}\n{tail}")
     summary = json.loads((run_dir / "summary.json").read_text())
     state = summary.get("state_bytes_per_rank")
+    if summary.get("timing_includes_warmup"):
+        raise RuntimeError(f"{label}: the step time includes the warm-up; use more --steps")
     if not state:
         raise RuntimeError(f"{label}: summary.json has no state_bytes_per_rank (no optimiser step measured)")
     return RunResult(
         model, strategy.name, state["parameter_bytes"], state["gradient_bytes"], state["optimizer_bytes"],
         state["total_bytes"], state["total_bytes_by_rank"], summary["peak_memory_bytes"],
-        summary["peak_memory_kind"], wall,
+        summary["peak_memory_kind"], summary["step_seconds"], wall,
     )
 
 
 # -------------------------------------------------------------- analysis
 def with_ratios(runs: list[RunResult]) -> list[dict[str, Any]]:
     """Each run as a dict, with its total against the same model's DDP total (None without DDP)."""
-    baseline = {r.model: r.total_bytes for r in runs if r.strategy == BASELINE}
+    baseline = {r.model: r for r in runs if r.strategy == BASELINE}
     rows = []
     for r in runs:
         base = baseline.get(r.model)
-        rows.append({**r.__dict__, "total_vs_ddp": r.total_bytes / base if base else None})
+        rows.append({**r.__dict__, "total_vs_ddp": r.total_bytes / base.total_bytes if base else None,
+                     "step_vs_ddp": r.step_seconds / base.step_seconds if base else None})
     return rows
 
 
 def results_table(rows: list[dict[str, Any]], nproc: int, precision: str) -> Table:
     table = Table(title=f"Training state on the largest of {nproc} ranks, before the 2nd optimiser step "
                         f"(MB = 10^6 bytes; AdamW, {precision})")
-    for header in ("model", "strategy", "parameters MB", "gradients MB", "optimiser MB", "total MB", "total / DDP"):
+    for header in ("model", "strategy", "parameters MB", "gradients MB", "optimiser MB", "total MB", "total / DDP",
+                   "step ms", "step / DDP"):
         table.add_column(header, justify="left" if header in ("model", "strategy") else "right", no_wrap=True)
     previous = None
     for row in rows:
@@ -198,6 +206,8 @@ def results_table(rows: list[dict[str, Any]], nproc: int, precision: str) -> Tab
             f"{row['optimizer_bytes'] / MB:.1f}",
             f"{row['total_bytes'] / MB:.1f}",
             f"{row['total_vs_ddp']:.2f}" if row["total_vs_ddp"] is not None else "n/a",
+            f"{row['step_seconds'] * 1e3:.0f}",
+            f"{row['step_vs_ddp']:.2f}" if row["step_vs_ddp"] is not None else "n/a",
         )
         previous = row["model"]
     return table
@@ -244,7 +254,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="--precision of every run (default fp32)")
     parser.add_argument("--nproc", type=int, default=2, help="processes per run (default 2)")
     parser.add_argument("--batch-size", type=int, default=8, help="samples per process per step (default 8)")
-    parser.add_argument("--steps", type=int, default=3, help="optimiser steps per run, at least 2 (default 3)")
+    parser.add_argument("--steps", type=int, default=6,
+                        help=f"optimiser steps per run, more than the {WARMUP_STEPS} warm-up steps (default 6)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per process (default 1)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON (default {DEFAULT_OUT})")
     parser.add_argument("--keep-logs", type=Path, default=None, help="keep every run's log and run dir here")
@@ -252,8 +263,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [name for name in args.strategies.split(",") if name not in STRATEGIES]
     if unknown:
         parser.error(f"unknown strategy(ies) {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
-    if args.steps < 2:
-        parser.error("--steps must be at least 2: the state is measured before the 2nd optimiser step")
+    if args.steps <= WARMUP_STEPS:
+        parser.error(f"--steps must be more than {WARMUP_STEPS}: the step time is measured after the warm-up")
     if args.nproc < 1:
         parser.error("--nproc must be at least 1")
     return args
@@ -291,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "omp_num_threads": args.threads,
         "run": {"dataset": "synthetic", "image_size": 32, "optimizer": "adamw", "precision": args.precision,
                 "batch_size_per_process": args.batch_size, "steps": args.steps},
-        "units": {"*_bytes": "bytes", "table": "MB = 10^6 bytes",
+        "units": {"*_bytes": "bytes", "table": "MB = 10^6 bytes", "step_seconds": "seconds per optimiser step",
                   "total_vs_ddp": "total_bytes / the same model's DDP total_bytes, same invocation"},
         "measured": "state_bytes_per_rank of summary.json: parameters, gradients and optimiser state "
                     "(incl. DeepSpeed's fp32 master copy) of the largest rank, before the 2nd optimiser step; "
