@@ -46,11 +46,11 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
 
 # The script's own directory is on sys.path when it is run as a script (and so in
 # the processes Lightning starts, which run it again).
 from raw_default import BATCH_SIZE, EPOCHS, LR, WEIGHT_DECAY, build_model, cosine_factor, digits_tensors, write_result
+from torch.utils.data import DataLoader, TensorDataset
 
 
 class DigitsModule(L.LightningModule):

@@ -110,3 +110,58 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path: Path) -> None:
     # The step of its last heartbeat (published every second here): at most that far behind.
     assert 0 < int(match.group(3)) <= last_step(tmp_path / "run") + 5
     assert f"rank 0 exited with {EXIT_HANG}" in output or f"exit code {EXIT_HANG}" in output, output
+
+
+@pytest.mark.multiproc
+def test_without_the_watchdog_the_collective_timeout_ends_the_job_and_says_why(tmp_path: Path) -> None:
+    timeout = 5
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nodescale", "train", "--nproc", "2", "--epochs", "200", "--max-steps", "100000",
+         "--log-every", "5", "--no-progress", "--out", "run", "--heartbeat-timeout", "0",
+         "--collective-timeout", str(timeout)],
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    stopped = None
+    try:
+        assert wait_until(lambda: last_step(tmp_path / "run") >= 10, 120), "no progress"
+        stopped = worker_of_rank(process.pid, 1)
+        assert stopped is not None
+        os.kill(stopped, signal.SIGSTOP)
+        began = time.monotonic()
+        gone = wait_until(lambda: worker_of_rank(process.pid, 0) is None, timeout + 30)
+        elapsed = time.monotonic() - began
+        os.kill(stopped, signal.SIGKILL)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert gone and timeout - 1 < elapsed < timeout + 15, (elapsed, output)
+    assert re.search(rf"nodescale: hang: rank 0 on host \S+ at step \d+ waited longer than the collective timeout "
+                     rf"\({timeout} s\)", output), output
+    assert f"rank 0 exited with {EXIT_HANG}" in output and "Traceback" not in output, output
+
+
+@pytest.mark.parametrize("message, kind", [
+    ("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete",
+     "timeout"),
+    ("Application timeout caused pair closure", "timeout"),
+    ("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242", "peer-gone"),
+    ("[../gloo/transport/tcp/pair.cc:598] Read error [127.0.0.1]:4242: Connection reset by peer", "peer-gone"),
+    ("mat1 and mat2 shapes cannot be multiplied (4x3 and 4x5)", None),
+])
+def test_collective_failures_caused_by_another_rank_are_recognised(message: str, kind: str | None) -> None:
+    from nodescale.train.collective_faults import classify, explain
+
+    assert classify(RuntimeError(message)) == kind
+    assert classify(ValueError(message)) is None  # only the backends' RuntimeErrors
+    fault = explain(RuntimeError(message), rank=3, step=17, timeout_s=600)
+    assert (fault is None) == (kind is None)
+    if fault is not None:
+        assert "rank 3 on host" in fault.message and "step 17" in fault.message
+        assert fault.exit_code == (EXIT_HANG if kind == "timeout" else 1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import socket
 import statistics
 from collections.abc import Sequence
+from datetime import timedelta
 from itertools import combinations
 from typing import Any
 
@@ -55,7 +56,8 @@ def run_pairs(runtime: Runtime, settings: Settings) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for a, b in combinations(range(len(representatives)), 2):
         ranks = (representatives[a], representatives[b])
-        subgroup = dist.new_group(list(ranks))  # every rank calls new_group, in the same order
+        # Every rank calls new_group, in the same order; with the job's timeout, not torch's 30 minutes.
+        subgroup = dist.new_group(list(ranks), timeout=timedelta(seconds=runtime.timeout_s))
         if runtime.rank in ranks:
             pair = make_group(runtime, settings.dtype, subgroup, ranks)
             counts = comm_math.op_counts("sendrecv", size, element, 2)

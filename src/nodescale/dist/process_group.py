@@ -45,6 +45,8 @@ class Runtime:
     backend: str | None  # None when no process group was started
     # False when the caller's script had started the group: then it is the script's to destroy.
     owns_group: bool = True
+    # The collective timeout; groups made later (dist.new_group) must be given it, or they get torch's 30 minutes.
+    timeout_s: float = 600.0
 
     @property
     def rank(self) -> int:
@@ -97,10 +99,10 @@ def start(env: DistEnv, backend: str = "auto", timeout_s: float = 600.0, group: 
     """Bind this process to its device and, if ``group``, join the process group."""
     device = select_device(env)
     if not group:
-        return Runtime(env, device, None)
+        return Runtime(env, device, None, timeout_s=timeout_s)
     name = choose_backend(backend, device)
     if dist.is_initialized():  # the user's script (or a test) set it up already
-        return Runtime(env, device, dist.get_backend(), owns_group=False)
+        return Runtime(env, device, dist.get_backend(), owns_group=False, timeout_s=timeout_s)
     timeout = timedelta(seconds=timeout_s)
     if env.world_size == 1:
         # An in-process store: a one-rank group needs no port, so none can clash.
@@ -118,7 +120,7 @@ def start(env: DistEnv, backend: str = "auto", timeout_s: float = 600.0, group: 
             kwargs["init_method"] = "env://"
         dist.init_process_group(name, rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs)
     log.debug("rank %d/%d joined %s group on %s", env.rank, env.world_size, name, device)
-    return Runtime(env, device, name)
+    return Runtime(env, device, name, timeout_s=timeout_s)
 
 
 def _job_store(env: DistEnv, timeout: timedelta) -> dist.Store | None:

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import threading
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -30,7 +31,9 @@ log = logging.getLogger(__name__)
 class StopRequest:
     """Signal handlers plus the per-step agreement; :meth:`close` puts the old handlers back."""
 
-    def __init__(self, signals: list[signal.Signals], distributed: bool) -> None:
+    def __init__(self, signals: list[signal.Signals], distributed: bool, timeout_s: float = 600.0) -> None:
+        """``timeout_s``: the collective timeout of the check's group (new groups otherwise get torch's
+        30-minute default, not the job's, and a rank stuck in the check would wait that long)."""
         self.received = 0  # the last stop signal this process received (0: none)
         self.agreed_signal = 0  # the signal every rank agreed to stop on (0: none yet)
         self._previous: dict[signal.Signals, Any] = {}
@@ -40,7 +43,8 @@ class StopRequest:
         elif signals:
             log.warning("not in the main thread: stop signals keep their default actions")
         # A group of its own, always gloo: the check runs on the CPU whatever the training backend.
-        self._group = dist.new_group(backend="gloo") if distributed and signals else None
+        self._group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+                       if distributed and signals else None)
         self._pending: tuple[Any, torch.Tensor] | None = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

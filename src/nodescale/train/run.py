@@ -7,6 +7,7 @@ launcher, torchrun, srun or mpiexec (``nodescale.dist.env`` tells them apart).
 from __future__ import annotations
 
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from nodescale.models.registry import build_model
 from nodescale.observe.loggers import make_sinks
 from nodescale.strategies import make_strategy
 from nodescale.train import checkpoint
+from nodescale.train.collective_faults import CollectiveFault, explain
 from nodescale.train.console import Console
 from nodescale.train.metrics_log import MetricsLog
 from nodescale.train.observers import Observers
@@ -58,16 +60,19 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
         )
     runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=strategy.needs_process_group)
     # Before anything slow: a signal during start-up is kept until the first step boundary.
-    stop = StopRequest(parse_signals(cfg.train.stop_signals), runtime.distributed)
+    stop = StopRequest(parse_signals(cfg.train.stop_signals), runtime.distributed, cfg.strategy.timeout_s)
     watchdog = _start_watchdog(cfg, runtime)
     try:
         summary = _train(cfg, runtime, strategy, started, stop, watchdog)
-    except BaseException:
+    except BaseException as exc:
         # Another rank may never reach a barrier now: leave without one.
         stop.close(wait=False)
         if watchdog is not None:
             watchdog.stop()
         abandon(runtime)
+        if isinstance(exc, CollectiveFault):  # another rank's fault: say so, without this rank's traceback
+            print(exc.message, file=sys.stderr, flush=True)
+            raise SystemExit(exc.exit_code) from None
         raise
     stop.close()
     if watchdog is not None:
@@ -185,7 +190,13 @@ def _train_observed(cfg: RunConfig, runtime: Runtime, strategy: Any, started: fl
 
     trainer.stop, trainer.watchdog = stop, watchdog
     observers.start(trainer)
-    trainer.fit()
+    try:
+        trainer.fit()
+    except RuntimeError as exc:
+        fault = explain(exc, runtime.rank, trainer.position.global_step, cfg.strategy.timeout_s)
+        if fault is None:
+            raise
+        raise fault from exc
     observed = observers.stop(console)
     if trainer.stopped_by:
         return _leave_for_requeue(trainer, runtime, metrics, console)

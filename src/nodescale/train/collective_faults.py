@@ -1,0 +1,61 @@
+"""A collective that failed because of another rank, told as such instead of as a backend traceback.
+
+gloo reports a peer that stopped answering as ``Timed out waiting 5000ms for recv
+operation`` or ``Application timeout caused pair closure``, and a peer that died as
+``Connection reset by peer``; to a user both read as a nodescale bug. The rank
+that sees them is healthy: the fault is elsewhere, and its own output (or the
+heartbeat watchdog's report) says which rank. NCCL's timeouts are raised by its
+own watchdog thread, which ends the process before Python sees an exception.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+
+from nodescale.train.stop_signals import EXIT_HANG
+
+_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_PEER_GONE = re.compile(r"connection reset|connection closed|broken pipe|connection refused|peer.*(closed|died)",
+                        re.IGNORECASE)
+
+
+@dataclass
+class CollectiveFault(Exception):
+    """Raised in place of the backend's error; ``message`` is what the user reads, ``exit_code`` the process's."""
+
+    message: str
+    exit_code: int
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def classify(exc: BaseException) -> str | None:
+    """``"timeout"``, ``"peer-gone"`` or None (not a collective failure caused by another rank)."""
+    if not isinstance(exc, RuntimeError):  # torch's DistBackendError and DistNetworkError are RuntimeErrors
+        return None
+    text = str(exc)
+    if _TIMEOUT.search(text):
+        return "timeout"
+    if _PEER_GONE.search(text):
+        return "peer-gone"
+    return None
+
+
+def explain(exc: BaseException, rank: int, step: int, timeout_s: float) -> CollectiveFault | None:
+    """The fault to raise instead of ``exc``, or None to let ``exc`` go on unchanged."""
+    kind = classify(exc)
+    if kind is None:
+        return None
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    where = f"rank {rank} on host {socket.gethostname()} at step {step}"
+    if kind == "timeout":
+        return CollectiveFault(
+            f"nodescale: hang: {where} waited longer than the collective timeout ({timeout_s:g} s) for another "
+            f"rank ({first}); that rank stopped, died or fell behind. --heartbeat-timeout names it (on by "
+            "default); --collective-timeout raises the limit for legitimately slow steps", EXIT_HANG)
+    return CollectiveFault(
+        f"nodescale: {where} lost its connection to another rank during a collective ({first}); that rank "
+        "failed: its own output says why. --max-restarts N restarts the group from the newest checkpoint", 1)
