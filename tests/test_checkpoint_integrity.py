@@ -198,3 +198,20 @@ def test_fsdp_resume_skips_a_truncated_shard_and_refuses_when_nothing_is_valid(t
     assert "step-00000003/trainer.pt is corrupt" in refused.stderr
     assert "none of them loads" in refused.stderr and "Traceback" not in refused.stderr
     shutil.rmtree(tmp_path / "run")
+
+
+def test_export_refuses_a_damaged_checkpoint_and_takes_the_newest_whole_one(tmp_path: Path) -> None:
+    from nodescale.train.export import integrity, resolve
+
+    older = checkpoint.save(tmp_path, 10, _state(10), keep_last=3)
+    newest = checkpoint.save(tmp_path, 20, _state(20), keep_last=3)
+    _flip_byte(newest, newest.stat().st_size // 2)
+    with pytest.raises(UserError, match=rf"(?s){STEP_20}.pt is corrupt .*newest whole checkpoint"):
+        resolve(newest)
+    with pytest.warns(UserWarning, match=rf"skipping checkpoint .*{STEP_20}.pt: it is damaged"):
+        assert resolve(tmp_path) == older
+    assert resolve(tmp_path, verified=False) == newest  # `checkpoint info` shows the newest, damaged or not
+    assert "corrupt" in integrity(newest) and integrity(older).startswith("whole")
+    _flip_byte(older, older.stat().st_size // 2)
+    with pytest.warns(UserWarning), pytest.raises(UserError, match="holds no whole checkpoint"):
+        resolve(tmp_path)

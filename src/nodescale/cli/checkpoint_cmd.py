@@ -48,9 +48,10 @@ def run_info(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from nodescale.train.export import describe, resolve
+    from nodescale.train.export import describe, integrity, resolve
 
-    info = describe(resolve(args.path))
+    path = resolve(args.path, verified=False)  # a damaged checkpoint is worth inspecting too
+    info = {**describe(path), "integrity": integrity(path)}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

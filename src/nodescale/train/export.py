@@ -9,6 +9,7 @@ that ``model.load_state_dict`` accepts, for inference or fine-tuning elsewhere.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,22 @@ from nodescale.errors import UserError
 from nodescale.train import checkpoint
 
 
-def resolve(path: Path) -> Path:
-    """The checkpoint ``path`` names: itself, or the newest one of a run directory."""
+def resolve(path: Path, verified: bool = True) -> Path:
+    """The checkpoint ``path`` names: itself, or the newest whole one of a run directory.
+
+    ``verified``: the checkpoint's files are checked against its manifest (sizes, SHA-256)
+    first. A named checkpoint that fails is an error; in a run directory a damaged newest
+    checkpoint is skipped with a warning for the one before it, as resuming does.
+    """
     if _is_checkpoint(path):
+        if verified:
+            problem = checkpoint.verify(path)
+            if problem is not None and not problem.manifest_missing:
+                raise UserError(f"checkpoint {path}", problem.text,
+                                f"export the run directory ({path.parent.parent}) to take its newest whole "
+                                "checkpoint, or name an older one")
+            if problem is not None:
+                warnings.warn(f"checkpoint {path} {problem.text}: its files cannot be checked", stacklevel=2)
         return path
     if not path.is_dir():
         raise UserError(f"checkpoint {path}", "does not exist", "pass a run directory or one of its checkpoints")
@@ -28,7 +42,25 @@ def resolve(path: Path) -> Path:
     if not found:
         raise UserError(f"run directory {path}", "holds no checkpoint",
                         "train with --checkpoint-every K, or keep the default save at the end")
-    return found[-1][1]
+    if not verified:
+        return found[-1][1]
+    problems = []
+    for _, candidate in reversed(found):
+        problem = checkpoint.verify(candidate)
+        if problem is None or problem.manifest_missing:
+            if problem is not None:
+                warnings.warn(f"checkpoint {candidate} {problem.text}: its files cannot be checked", stacklevel=2)
+            return candidate
+        warnings.warn(f"skipping checkpoint {candidate}: it {problem.text}", stacklevel=2)
+        problems.append(f"{candidate.name} {problem.text}")
+    raise UserError(f"run directory {path}", "holds no whole checkpoint: " + "; ".join(problems),
+                    "the run has to be trained again from scratch, or from a copy of its checkpoints")
+
+
+def integrity(path: Path) -> str:
+    """``whole`` or what is wrong with checkpoint ``path``'s files, per its manifest."""
+    problem = checkpoint.verify(path)
+    return "whole (sizes and SHA-256 match the manifest)" if problem is None else problem.text
 
 
 def _is_checkpoint(path: Path) -> bool:
