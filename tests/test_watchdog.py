@@ -70,25 +70,28 @@ def test_a_done_rank_is_not_reported() -> None:
     assert not reports
 
 
-@pytest.mark.multiproc
-def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path: Path) -> None:
-    timeout = 5
+def stop_rank_1_of_a_long_run(tmp_path: Path, flags: list[str], settle_s: float, within_s: float
+                              ) -> tuple[bool, float, str, int, subprocess.Popen[str]]:
+    """Start a 2-rank run with ``flags``, SIGSTOP rank 1 after step 10 (+ ``settle_s``), wait for rank 0 to leave.
+
+    Returns (rank 0 left within ``within_s``, seconds until it did, the output, the stopped pid, the process).
+    """
     process = subprocess.Popen(
         [sys.executable, "-m", "nodescale", "train", "--nproc", "2", "--epochs", "200", "--max-steps", "100000",
-         "--log-every", "5", "--no-progress", "--out", "run", "--heartbeat-timeout", str(timeout)],
+         "--log-every", "5", "--no-progress", "--out", "run", *flags],
         cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
     stopped = None
     try:
         assert wait_until(lambda: last_step(tmp_path / "run") >= 10, 120), "no progress"
-        time.sleep(2.5)  # a heartbeat (every timeout / 5 s) with a step in it has gone out
+        time.sleep(settle_s)
         stopped = worker_of_rank(process.pid, 1)
         assert stopped is not None
         os.kill(stopped, signal.SIGSTOP)  # a real fault: the whole process, heartbeat thread included
         began = time.monotonic()
         # The launcher waits for the stopped rank after rank 0 left (SIGTERM does nothing to it,
         # SIGKILL comes after its grace period): once rank 0 is gone, the test ends the stopped one.
-        gone = wait_until(lambda: worker_of_rank(process.pid, 0) is None, timeout + 30)
+        gone = wait_until(lambda: worker_of_rank(process.pid, 0) is None, within_s)
         elapsed = time.monotonic() - began
         os.kill(stopped, signal.SIGKILL)
         output, _ = process.communicate(timeout=60)
@@ -101,6 +104,15 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path: Path) -> None:
                 os.kill(stopped, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    return gone, elapsed, output, stopped, process
+
+
+@pytest.mark.multiproc
+def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path: Path) -> None:
+    timeout = 5
+    # settle: a heartbeat (every timeout / 5 s) with a step in it has gone out
+    gone, elapsed, output, stopped, process = stop_rank_1_of_a_long_run(
+        tmp_path, ["--heartbeat-timeout", str(timeout)], settle_s=2.5, within_s=timeout + 30)
     assert gone and elapsed < timeout + 10, (elapsed, output)
     assert process.returncode != 0
     match = re.search(r"nodescale: hang: rank 1 on host (\S+) \(pid (\d+), last step (\d+)\) stopped responding",
@@ -115,32 +127,8 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path: Path) -> None:
 @pytest.mark.multiproc
 def test_without_the_watchdog_the_collective_timeout_ends_the_job_and_says_why(tmp_path: Path) -> None:
     timeout = 5
-    process = subprocess.Popen(
-        [sys.executable, "-m", "nodescale", "train", "--nproc", "2", "--epochs", "200", "--max-steps", "100000",
-         "--log-every", "5", "--no-progress", "--out", "run", "--heartbeat-timeout", "0",
-         "--collective-timeout", str(timeout)],
-        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
-    stopped = None
-    try:
-        assert wait_until(lambda: last_step(tmp_path / "run") >= 10, 120), "no progress"
-        stopped = worker_of_rank(process.pid, 1)
-        assert stopped is not None
-        os.kill(stopped, signal.SIGSTOP)
-        began = time.monotonic()
-        gone = wait_until(lambda: worker_of_rank(process.pid, 0) is None, timeout + 30)
-        elapsed = time.monotonic() - began
-        os.kill(stopped, signal.SIGKILL)
-        output, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
-        if stopped is not None:
-            try:
-                os.kill(stopped, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    gone, elapsed, output, _, _ = stop_rank_1_of_a_long_run(
+        tmp_path, ["--heartbeat-timeout", "0", "--collective-timeout", str(timeout)], settle_s=0, within_s=timeout + 30)
     assert gone and timeout - 1 < elapsed < timeout + 15, (elapsed, output)
     assert re.search(rf"nodescale: hang: rank 0 on host \S+ at step \d+ waited longer than the collective timeout "
                      rf"\({timeout} s\)", output), output

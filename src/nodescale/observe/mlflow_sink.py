@@ -7,7 +7,6 @@ itself (or trains twice) keeps its own runs apart from ours.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import re
@@ -20,6 +19,7 @@ from urllib.parse import urlparse
 
 from nodescale.atomic_files import write_json_atomic
 from nodescale.errors import UserError
+from nodescale.observe.run_file import read_run_file
 from nodescale.observe.sink import Status, final_scalars, flat_params, scalars_of
 
 RUN_FILE = "mlflow_run.json"
@@ -113,7 +113,7 @@ class MlflowSink:
         """The MLflow run an earlier part of this run logged to, set back to RUNNING (None: none to continue)."""
         from mlflow.exceptions import MlflowException
 
-        saved = _read_json(self.run_dir / RUN_FILE)
+        saved = read_run_file(self.run_dir / RUN_FILE)
         # Our default store lives in the run directory: still the same store if the directory moved.
         moved_default = self.default_store and saved.get("default_store") is True
         same_store = saved.get("tracking_uri") == self.tracking_uri or moved_default
@@ -176,14 +176,6 @@ def _is_file_store(uri: str) -> bool:
     scheme = urlparse(uri).scheme
     # A bare path is a file store too, except the profile names MLflow reads as Databricks workspaces.
     return scheme == "file" or (scheme == "" and uri not in ("databricks", "databricks-uc", "uc"))
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 # At start-up a wrong URI should cost seconds, not MLflow's default ~4 minutes of retries with back-off

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 
 from nodescale.atomic_files import write_json_atomic
 from nodescale.errors import UserError
+from nodescale.observe.run_file import read_run_file
 from nodescale.observe.sink import Status, final_scalars, scalars_of
 
 RUN_FILE = "wandb_run.json"
@@ -57,7 +57,7 @@ class WandbSink:
         import wandb
 
         mode = os.environ.get("WANDB_MODE") or self.mode
-        saved = _read_json(self.run_dir / RUN_FILE) if resumed else {}
+        saved = read_run_file(self.run_dir / RUN_FILE) if resumed else {}
         self.run_id = str(saved.get("id") or secrets.token_hex(6))  # W&B ids: lowercase letters and digits
         try:
             if mode in ("online", "run") and not _has_credentials(wandb):  # "run": an old name for online
@@ -134,11 +134,3 @@ def _quiet_settings(wandb: Any) -> Any:
     if "reinit" in fields and "create_new" not in str(fields["reinit"].annotation):
         del wanted["reinit"]
     return wandb.Settings(**{key: value for key, value in wanted.items() if key in fields})
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
