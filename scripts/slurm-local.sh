@@ -116,7 +116,9 @@ SlurmUser=$user
 SlurmdUser=$user
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$base/munge/munge.sock
+# cred_expire: how long a requeued job is held before it may start again (120 s by default): short
+# here so the requeue test waits seconds, not minutes.
+AuthInfo=socket=$base/munge/munge.sock,cred_expire=10
 StateSaveLocation=$base/state
 SlurmdSpoolDir=$base/spool/%n
 SlurmctldPidFile=$base/slurmctld.pid

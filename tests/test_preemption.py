@@ -182,8 +182,8 @@ def test_slurm_signal_requeues_and_resumes(slurm: SlurmCluster, tmp_path: Path) 
         requeued = wait_until(lambda: (lambda f: f.get("Restarts") == "1" and f.get("JobState") == "PENDING")(
             slurm.job_fields(job_id)), 90)
         assert requeued, slurm.job_fields(job_id)
-        # Slurm holds a requeued job for CredExpire (120 s by default: its credential was revoked)
-        # before it may start again; starting it earlier makes it fail ("Job credential revoked").
+        # Slurm holds a requeued job for cred_expire (120 s by default, 10 s in scripts/slurm-local.sh:
+        # its credential was revoked) before it may start again; earlier, it fails ("Job credential revoked").
         rerun = slurm.wait_for_state(job_id, {"RUNNING"}, 200)
         if rerun != "RUNNING":
             pytest.fail(f"requeued job {rerun}: {slurm.job_fields(job_id)}\n{log.read_text(errors='replace')}\n"
