@@ -16,7 +16,6 @@ import copy
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from nodescale.models.spec import InputSpec
 
@@ -75,6 +74,8 @@ def forward_flops_per_sample(model: nn.Module, spec: InputSpec) -> int:
     2 FLOPs, the figures are twice the "MACs" often quoted as FLOPs: ResNet-50
     at 224x224 is about 8.2e9 here, the well-known "4.1 GFLOPs".
     """
+    from torch.utils.flop_counter import FlopCounterMode  # only for MFU figures: not on every start-up
+
     meta_model = _meta_copy(unwrap(model)).eval()  # eval: BatchNorm accepts a batch of one
     sample = torch.empty((1, *spec.shape), device="meta")
     counter = FlopCounterMode(display=False)

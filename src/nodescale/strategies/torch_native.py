@@ -15,7 +15,6 @@ from torch import nn
 
 from nodescale.config.schema import RunConfig
 from nodescale.strategies.base import Footprint
-from nodescale.strategies.dcp_state import load_dcp, save_dcp
 from nodescale.strategies.footprint import tensor_footprint
 from nodescale.strategies.torch_updater import TorchUpdater
 
@@ -33,9 +32,13 @@ class TorchNative:
         return TorchUpdater(model, optimizer, self.no_sync, cfg.train.precision, cfg.optim.grad_clip)
 
     def save_sharded(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        from nodescale.strategies.dcp_state import save_dcp  # torch.distributed.checkpoint: ~0.1-1 s to import
+
         save_dcp(self.unwrap(model), optimizer, directory)
 
     def load_sharded(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        from nodescale.strategies.dcp_state import load_dcp
+
         load_dcp(self.unwrap(model), optimizer, directory)
 
     def footprint(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Footprint:

@@ -10,17 +10,19 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from nodescale.config.schema import RunConfig, profile_window
 from nodescale.dist.process_group import Runtime
-from nodescale.observe.monitor import MonitorResult, NodeMonitor
-from nodescale.observe.profiler import ProfileResult, StepProfiler, top_ops_text
 from nodescale.train.console import Console
 from nodescale.train.trainer import Trainer
+
+if TYPE_CHECKING:  # imported when switched on: psutil and torch.profiler cost start-up time otherwise
+    from nodescale.observe.monitor import MonitorResult, NodeMonitor
+    from nodescale.observe.profiler import ProfileResult, StepProfiler
 
 MONITOR_DIR = "monitor"
 PROFILE_DIR = "profile"
@@ -42,6 +44,8 @@ class Observers:
         if observe.monitor:
             pids, gpus = self._node_processes()
             if self.runtime.is_local_main:
+                from nodescale.observe.monitor import NodeMonitor
+
                 node = self.runtime.env.node_rank
                 path = self.run_dir / MONITOR_DIR / f"node-{node}.csv"
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -49,6 +53,8 @@ class Observers:
                                            cuda_devices=",".join(gpus) if gpus else None)
                 self.monitor.start()
         if observe.profile:
+            from nodescale.observe.profiler import StepProfiler
+
             first, count = profile_window(observe.profile)
             self.profiler = StepProfiler(first, count, trainer.position.global_step, self.run_dir / PROFILE_DIR,
                                          self.runtime.rank, self.runtime.device)
@@ -96,6 +102,8 @@ class Observers:
 
     def _describe_profile(self, profiled: ProfileResult, console: Console) -> dict[str, Any]:
         if self.runtime.is_main:
+            from nodescale.observe.profiler import top_ops_text
+
             first, last = profiled.steps
             console.print(f"profile of steps {first}-{last} (rank 0), top operators; all ranks' traces and "
                           f"tables in {profiled.trace.parent}:")
