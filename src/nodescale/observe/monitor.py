@@ -56,6 +56,7 @@ class MonitorResult:
     # Device energy over the sampled period, summed over this node's devices; None when a device (or every
     # device) reports no energy counter: a sum over some of them would read as the node's and mislead.
     energy_joules: float | None
+    cpu_seconds: float = 0.0  # CPU time the sampler thread used: what monitoring cost this node
 
 
 class _Energy:
@@ -102,6 +103,7 @@ class NodeMonitor:
         self.host = host
         self.node_rank = node_rank
         self.cuda_devices = cuda_devices
+        self._cpu_seconds = 0.0
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -136,12 +138,13 @@ class NodeMonitor:
                 # A device tool stuck mid-sample is bounded by its own timeout; the wait here is a backstop.
                 self._thread.join(timeout=30.0)
             self._result = MonitorResult(self.path, self._samples, self.interval_s, list(self._devices),
-                                         self._energy_total())
+                                         self._energy_total(), self._cpu_seconds)
             return self._result
 
     # --- the sampler thread ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        began = time.thread_time()
         try:
             if not self._open():
                 return
@@ -160,6 +163,7 @@ class NodeMonitor:
             self._warn_once("thread", f"the node monitor stopped ({type(exc).__name__}: {exc})")
         finally:
             self._close()
+            self._cpu_seconds = time.thread_time() - began
 
     def _open(self) -> bool:
         """Find the devices, attach to the processes and write the header; False (with a warning) if impossible."""

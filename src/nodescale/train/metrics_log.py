@@ -25,6 +25,7 @@ class MetricsLog:
         self.path = path
         self.enabled = enabled
         self.sinks: list[Sink] = list(sinks) if enabled else []
+        self.sink_seconds = 0.0  # wall time spent in the sinks' write(): what the loggers cost the run
         self._handle: TextIO | None = None
 
     def start(self, config: dict[str, Any], resumed: bool) -> None:
@@ -39,6 +40,7 @@ class MetricsLog:
             self._handle = open(self.path, "a", buffering=1)  # line-buffered: whole lines
         stamped = {"time": round(time.time(), 3), **record}
         self._handle.write(json.dumps(stamped) + "\n")
+        began = time.perf_counter()
         for sink in list(self.sinks):
             try:
                 sink.write(stamped)
@@ -50,6 +52,7 @@ class MetricsLog:
                     sink.finish(None, "failed")
                 except Exception:  # noqa: BLE001
                     pass
+        self.sink_seconds += time.perf_counter() - began
 
     def close(self, summary: dict[str, Any] | None = None, status: Status = "finished") -> None:
         """Finish every sink (``summary``: the run's summary.json, None if it has none) and close the file."""

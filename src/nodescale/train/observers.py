@@ -118,6 +118,7 @@ class Observers:
                 "files": sorted(str(r.path.relative_to(self.run_dir)) for r in results),
                 "samples": sum(r.samples for r in results),
                 "devices": [name for r in results for name in r.devices],
+                "sampler_cpu_seconds": sum(r.cpu_seconds for r in results),  # what sampling cost, all nodes
             },
             # Energy only where every node's devices reported it: a partial sum would mislead.
             "energy_joules": sum(energies) if results and len(energies) == len(results) else None,

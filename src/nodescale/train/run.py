@@ -203,6 +203,8 @@ def _train_observed(cfg: RunConfig, runtime: Runtime, strategy: Any, started: fl
     summary = gather_summary(cfg, runtime, trainer.timing, trainer.position.as_dict(), trainer.last_eval,
                              trainer.peak_memory(), trainer.footprint, time.perf_counter() - started)
     summary.update(observed)
+    if cfg.observe.log:  # what the loggers cost rank 0 (metrics.csv included), for benchmarks/observe_overhead.py
+        summary["logger_seconds"] = metrics.sink_seconds
     summary["run_dir"] = str(run_dir)
     if runtime.is_main:
         write_json_atomic(run_dir / "summary.json", summary)
