@@ -121,6 +121,10 @@ def test_monitor_sampled_the_node_while_it_trained(observed_run: Path) -> None:
     assert len(rows) == summary["monitor"]["samples"] >= 2
     assert all(float(row["procs_rss_bytes"]) > 20e6 for row in rows)  # two training processes with torch
     assert summary["energy_joules"] is None  # a CPU reports none
+    # What observing cost, as the run accounted it: some, and a small part of the training time.
+    train_seconds = summary["wall_seconds"]
+    assert 0 < summary["monitor"]["sampler_cpu_seconds"] < 0.2 * train_seconds
+    assert 0 < summary["logger_seconds"] < 0.5 * train_seconds
 
 
 @pytest.mark.multiproc
