@@ -21,9 +21,7 @@ synchronises the device before reading the clock. Results: ``benchmarks/results/
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import shlex
 import statistics
 import subprocess
 import sys
@@ -32,12 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from overhead import child_env, machine  # noqa: E402
+from record import stamp, wide_console, write_results  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "comm_overhead.json"
 TARGET_RATIO = 0.95
@@ -126,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     size = parse_size(args.size)
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = 160
+    console = wide_console(160)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="nodescale-comm-overhead-") as tmp:
         script = Path(tmp) / "paired.py"
@@ -160,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     console.print(f"target: median ratio >= {TARGET_RATIO}: " + ("[green]pass[/]" if passed else "[red]fail[/]"))
     record = {
-        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        **stamp(),
         "machine": machine(),
         "world_size": world,
         "omp_num_threads": args.threads,
@@ -174,9 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "pairs": pairs,
         "total_seconds": time.perf_counter() - started,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
+    write_results(args.out, record, console)
     return 0
 
 

@@ -35,7 +35,6 @@ partitioning) runs only when named. The default invocation (16 runs) takes
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
@@ -48,24 +47,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-from nodescale.atomic_files import write_json_atomic
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from overhead import child_env  # noqa: E402
+from record import stamp, wide_console, write_results  # noqa: E402
+
 DEFAULT_OUT = HERE / "results" / "memory.json"
 DEFAULT_MODELS = ("resnet18", "vit_small")
 BASELINE = "ddp"
 MB = 1e6  # bytes; the table's unit
 WARMUP_STEPS = 3  # steps before the step time is taken (allocations, DeepSpeed's and FSDP's first-step work)
-
-# Variables a launcher sets in its workers: inherited, nodescale would take them
-# as its own rank and start no local processes (as in overhead.py).
-LAUNCHER_VARIABLES = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-)
 
 # ZeRO-3 keeps parameters with fewer than this many values whole on every rank
 # (DeepSpeed's default stage3_param_persistence_threshold = 1e5); 0 shards them all.
@@ -120,12 +113,6 @@ class RunResult:
 
 
 # ---------------------------------------------------------------- running
-def child_env(threads: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
-    env["OMP_NUM_THREADS"] = str(threads)
-    return env
-
-
 def train_command(model: str, strategy: Strategy, args: argparse.Namespace, run_dir: Path,
                   ds_config: Path | None) -> list[str]:
     cmd = [
@@ -272,9 +259,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = 120  # a log file or pipe: keep the table's rows on one line each
+    console = wide_console(120)
     models = [m for m in args.models.split(",") if m]
     strategies = [STRATEGIES[name] for name in args.strategies.split(",")]
     started = time.perf_counter()
@@ -295,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"total time {elapsed:.0f} s")
 
     record = {
-        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        **stamp(),
         "machine": info,
         "nproc": args.nproc,
         "omp_num_threads": args.threads,
@@ -312,8 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": rows,
         "total_seconds": elapsed,
     }
-    write_json_atomic(args.out, record)
-    console.print(f"wrote {args.out}")
+    write_results(args.out, record, console)
     return 0
 
 

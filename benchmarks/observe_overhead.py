@@ -23,9 +23,7 @@ Results go to ``benchmarks/results/observe_overhead.json`` (``--out`` to change)
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import shlex
 import statistics
 import sys
 import tempfile
@@ -34,12 +32,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from overhead import CASES, Case, child_env, machine, nodescale_command, run_logged  # noqa: E402
+from record import stamp, wide_console, write_results  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "observe_overhead.json"
 TARGET_RATIO = 1.01
@@ -153,9 +151,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = 190
+    console = wide_console(190)
     cases = [CASES[name] for name in args.cases.split(",")]
     if args.steps is not None:
         cases = [replace(c, steps=args.steps) for c in cases]
@@ -176,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries = [summarise(case, [r for r in runs if r.case == case.name]) for case in cases]
     console.print(table(summaries, args))
     record = {
-        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        **stamp(),
         "machine": info,
         "nproc": args.nproc,
         "omp_num_threads": args.threads,
@@ -187,9 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [asdict(r) for r in runs],
         "total_seconds": time.perf_counter() - started,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
+    write_results(args.out, record, console)
     return 0
 
 

@@ -24,7 +24,6 @@ Results go to ``benchmarks/results/overhead.json`` (``--out`` to change).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
@@ -38,10 +37,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from record import stamp, wide_console, write_results  # noqa: E402
+
 RAW_SCRIPT = HERE / "raw_ddp.py"
 DEFAULT_OUT = HERE / "results" / "overhead.json"
 TARGET_RATIO = 1.02
@@ -299,9 +300,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = 190  # a log file or pipe: keep the table's rows on one line each
+    console = wide_console(190)
     cases = [CASES[name] for name in args.cases.split(",")]
     if args.steps is not None:
         cases = [replace(c, steps=args.steps) for c in cases]
@@ -338,8 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"total time {elapsed:.0f} s")
 
     record = {
-        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        **stamp(),
         "machine": info,
         "nproc": args.nproc,
         "omp_num_threads": args.threads,
@@ -351,9 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [asdict(r) for r in runs],
         "total_seconds": elapsed,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
+    write_results(args.out, record, console)
     return 0
 
 

@@ -59,7 +59,6 @@ Results go to ``benchmarks/results/startup.json`` (``--out`` to change).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
@@ -74,12 +73,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from overhead import child_env, machine  # noqa: E402
+from record import stamp, wide_console, write_results  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "startup.json"
 SIDES = ("nodescale", "raw", "lightning", "accelerate")
@@ -547,9 +546,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = 200  # a log file or pipe: keep the table's rows on one line each
+    console = wide_console(200)
     started = time.perf_counter()
     info = machine()
     info["uptime_at_start"] = uptime()
@@ -597,8 +594,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"at end {fmt_load(info['load_average_at_end'])}")
 
     record = {
-        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        **stamp(),
         "machine": info,
         "nproc": args.nproc,
         "omp_num_threads": args.threads,
@@ -621,9 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [asdict(r) for r in runs],
         "total_seconds": elapsed,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
+    write_results(args.out, record, console)
     return 0
 
 

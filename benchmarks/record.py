@@ -1,0 +1,35 @@
+"""What every benchmark script shares around its measurements: the console and the results file."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from nodescale.atomic_files import write_json_atomic
+
+
+def wide_console(width: int) -> Console:
+    """A rich console; writing to a log file or a pipe, ``width`` columns, so a table's rows stay on one line."""
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = width
+    return console
+
+
+def stamp() -> dict[str, str]:
+    """When and how the benchmark was run: the first keys of every results file."""
+    return {
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+    }
+
+
+def write_results(out: Path, record: dict[str, Any], console: Console) -> None:
+    """Write the results JSON atomically (a killed benchmark leaves the previous file whole) and say where."""
+    write_json_atomic(out, record)
+    console.print(f"wrote {out}")
