@@ -301,13 +301,21 @@ def wandb_part(run_dir: Path) -> dict[str, Any]:
     """History rows, config, summary, run id and exit code of the newest offline run directory of ``run_dir``."""
     newest = max((run_dir / "wandb").glob("offline-run-*"), key=lambda path: path.stat().st_mtime_ns)
     (log,) = newest.glob("run-*.wandb")
-    # run.finish() returns once wandb-core has the run's last messages; it writes the file a moment later.
+    # run.finish() returns once wandb-core has the run's last messages; it writes the file a moment later,
+    # and a record caught half-written fails its CRC: read again until the exit record is there, whole.
     deadline = time.monotonic() + 20
-    while not any(record.HasField("exit") for record in wandb_records(log)):
+    while True:
+        try:
+            records = wandb_records(log)
+            if any(record.HasField("exit") for record in records):
+                break
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
         assert time.monotonic() < deadline, f"{log} has no exit record"
         time.sleep(0.05)
     part: dict[str, Any] = {"dir": newest, "rows": {}, "config": {}, "summary": {}}
-    for record in wandb_records(log):
+    for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             part["id"] = record.run.run_id
