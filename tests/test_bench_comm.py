@@ -295,6 +295,14 @@ def test_pairs_measures_every_pair_of_ranks(tmp_path: Path) -> None:
     assert all(pair["slow"] == (pair["busbw_GBps"] < 0.5 * median) for pair in report["pairs"])
     assert len(report["units"]) == 3 and "median busbw" in result.stdout
     assert not (tmp_path / "pairs" / "results.json").exists()
+    # nodescale report reads a directory of pairs alone: one table row per pair, its busbw as measured.
+    from nodescale.report.build import build_report
+
+    text = build_report([tmp_path / "pairs"], tmp_path / "report").read_text()
+    for pair in report["pairs"]:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {' ↔ '.join(pair['pair'])} |"))
+        assert f"| {pair['busbw_GBps']:.2f} |" in row and "| yes |" in row
+    assert "Point-to-point (`--pairs`)" in text
 
 
 @pytest.mark.parametrize("args, message", [

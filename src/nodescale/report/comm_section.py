@@ -41,6 +41,37 @@ def comm_section(comm: CommSource, report_dir: Path, stem: str) -> str:
     parts = [f"## bench comm `{comm.label}`",
              f"Directory: {md.directory_link(comm.path, report_dir)}. Bandwidths in GB/s (1e9 bytes/s); busbw is "
              "the bus bandwidth, comparable across collectives and world sizes."]
+    if comm.rows:
+        parts += _sweep_parts(comm, report_dir, stem)
+    if comm.pairs is not None:
+        parts += pairs_parts(comm.pairs)
+    return "\n\n".join(parts)
+
+
+def pairs_parts(report: dict[str, Any]) -> list[str]:
+    """The ``--pairs`` measurement: one row per pair, slow pairs and slow nodes (or ranks) named."""
+    unit = str(report.get("unit", "rank"))
+    parts = [f"Point-to-point (`--pairs`): sendrecv of {human_bytes(int(report.get('bytes') or 0))} "
+             f"{report.get('dtype', '')} between every pair of {unit}s, {report.get('backend', md.MISSING)}; median "
+             f"busbw {md.number(report.get('median_busbw_GBps'), 2)} GB/s, slow below "
+             f"{md.number(report.get('slow_below_GBps'), 2)} GB/s (half the median)."]
+    rows = [(" ↔ ".join(map(str, row.get("pair", []))), ",".join(map(str, row.get("ranks", []))),
+             md.number(row.get("time_us"), 1), md.number(row.get("algbw_GBps"), 2), md.number(row.get("busbw_GBps"), 2),
+             _flag(row.get("correct")), "**slow**" if row.get("slow") else "") for row in report["pairs"]]
+    parts.append(md.table(["pair", "ranks", "time (µs)", "algbw (GB/s)", "busbw (GB/s)", "correct", ""], rows,
+                          align_right_from=2))
+    slow = [item for item in report.get("units", []) if item.get("slow")]
+    if slow:
+        parts.append("**Slow " + unit + ("s" if len(slow) > 1 else "") + "**: " + ", ".join(
+            f"`{item['unit']}` (median {md.number(item.get('median_busbw_GBps'), 2)} GB/s over its pairs)"
+            for item in slow) + ".")
+    if report.get("all_correct") is False:
+        parts.append("**A pair failed the correctness check**: its bandwidth means nothing.")
+    return parts
+
+
+def _sweep_parts(comm: CommSource, report_dir: Path, stem: str) -> list[str]:
+    parts: list[str] = []
     if comm.meta:
         parts.append(md.table(["", "value"], sorted((key, value) for key, value in comm.meta.items())))
     shown = [(str(row.get("op")), str(row.get("dtype", md.MISSING)), _flag(row.get("in_place")),
@@ -59,4 +90,4 @@ def comm_section(comm: CommSource, report_dir: Path, stem: str) -> str:
     if own.is_file():
         target = os.path.relpath(own, report_dir)
         parts.append(f"The benchmark's own plot: {md.link(target, target)}.")
-    return "\n\n".join(parts)
+    return parts

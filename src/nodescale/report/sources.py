@@ -59,10 +59,11 @@ class CommSource:
     """A ``nodescale bench comm`` directory: the rows of ``results.json`` and its other top-level fields."""
 
     path: Path
-    rows: list[dict[str, Any]]
+    rows: list[dict[str, Any]]  # [] for a directory of `--pairs` only
     meta: dict[str, Any]
     label: str = ""
     kind: str = field(default="comm", init=False)
+    pairs: dict[str, Any] | None = None  # pairs.json of `bench comm --pairs`, when the directory has one
 
 
 Source = RunSource | ScalingSource | CommSource
@@ -77,10 +78,13 @@ def load_source(path: Path) -> Source:
         if not isinstance(result, dict) or not isinstance(result.get("rows"), list):
             raise UserError(f"{path / 'scaling.json'}", "has no `rows` list", "re-run nodescale bench scaling")
         return ScalingSource(path, result)
+    pairs = _comm_pairs(path / "pairs.json")
     if (path / "results.json").is_file():
         rows, meta = _comm_rows(path / "results.json")
         if rows is not None:
-            return CommSource(path, rows, meta)
+            return CommSource(path, rows, meta, pairs=pairs)
+    if pairs is not None:
+        return CommSource(path, [], {}, pairs=pairs)
     if (path / "summary.json").is_file() and (path / "metrics.jsonl").is_file():
         summary = _read_json(path / "summary.json")
         if not isinstance(summary, dict) or "world_size" not in summary:
@@ -126,6 +130,17 @@ def _monitor_files(path: Path) -> list[Path]:
     """``monitor/node-N.csv`` in node order (node-10 after node-9)."""
     files = [child for child in (path / "monitor").glob("node-*.csv") if child.is_file()]
     return sorted(files, key=lambda child: (len(child.stem), child.stem))
+
+
+def _comm_pairs(path: Path) -> dict[str, Any] | None:
+    """``bench comm --pairs``' report, or None when there is none; a file of another shape is an error."""
+    if not path.is_file():
+        return None
+    data = _read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("pairs"), list):
+        raise UserError(f"{path}", "is not a `nodescale bench comm --pairs` report (no `pairs` list)",
+                        "re-run nodescale bench comm --pairs")
+    return data
 
 
 def _comm_rows(path: Path) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
