@@ -215,3 +215,18 @@ def test_export_refuses_a_damaged_checkpoint_and_takes_the_newest_whole_one(tmp_
     _flip_byte(older, older.stat().st_size // 2)
     with pytest.warns(UserWarning), pytest.raises(UserError, match="holds no whole checkpoint"):
         resolve(tmp_path)
+
+
+def test_export_takes_checkpoints_by_the_rule_resume_uses(tmp_path: Path) -> None:
+    from nodescale.train.export import resolve
+
+    full = checkpoint.save(tmp_path, 10, _state(10), keep_last=3)
+    sharded = _write_sharded(tmp_path, 20)
+    (sharded / "manifest.json").unlink()  # nothing says every shard is there: resume skips it
+    with pytest.warns(UserWarning, match=f"skipping checkpoint .*{STEP_20}: it has no manifest"):
+        assert resolve(tmp_path) == full
+    with pytest.raises(UserError, match="has no manifest"):
+        resolve(sharded)
+    (tmp_path / "checkpoints" / f"{STEP_10}.manifest.json").unlink()  # a full file alone: taken, unchecked
+    with pytest.warns(UserWarning, match="its files cannot be checked"):
+        assert resolve(full) == full

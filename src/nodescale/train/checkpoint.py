@@ -229,6 +229,16 @@ def verify(path: Path, collective: bool = False) -> manifest.Problem | None:
     return manifest.problem(_manifest_of(path), collective, prefix=f"{path.name}/" if is_sharded(path) else "")
 
 
+def loadable(path: Path, problem: manifest.Problem | None) -> bool:
+    """Whether checkpoint ``path``, with ``problem`` from :func:`verify`, may be loaded.
+
+    A whole one may; so may a full file whose manifest alone is missing (its save was killed
+    between the file and the manifest), unchecked. A directory without its manifest may not:
+    nothing says every shard is there.
+    """
+    return problem is None or (problem.manifest_missing and not is_sharded(path))
+
+
 def _check_same_candidates(run_dir: Path, candidates: list[tuple[int, Path]]) -> None:
     """Every rank must see the same checkpoints to check them together (and to resume from the same one)."""
     seen = manifest.all_gather([path.name for _, path in candidates])
@@ -263,7 +273,7 @@ def load_newest(run_dir: Path, collective: bool = False) -> tuple[dict[str, Any]
         _check_same_candidates(run_dir, candidates)
     for _, path in reversed(candidates):
         wrong = verify(path, collective)
-        if wrong is not None and not (wrong.manifest_missing and not is_sharded(path)):
+        if not loadable(path, wrong):
             if speaks:
                 warnings.warn(f"checkpoint {path} {wrong.text}; trying an older one", stacklevel=2)
             continue

@@ -23,34 +23,33 @@ def resolve(path: Path, verified: bool = True) -> Path:
     """The checkpoint ``path`` names: itself, or the newest whole one of a run directory.
 
     ``verified``: the checkpoint's files are checked against its manifest (sizes, SHA-256)
-    first. A named checkpoint that fails is an error; in a run directory a damaged newest
-    checkpoint is skipped with a warning for the one before it, as resuming does.
+    first, by the rule resuming uses (:func:`checkpoint.loadable`). A named checkpoint that
+    fails is an error; in a run directory a damaged newest checkpoint is skipped with a
+    warning for the one before it, as resuming does.
     """
-    if _is_checkpoint(path):
-        if verified:
-            problem = checkpoint.verify(path)
-            if problem is not None and not problem.manifest_missing:
-                raise UserError(f"checkpoint {path}", problem.text,
-                                f"export the run directory ({path.parent.parent}) to take its newest whole "
-                                "checkpoint, or name an older one")
-            if problem is not None:
-                warnings.warn(f"checkpoint {path} {problem.text}: its files cannot be checked", stacklevel=2)
-        return path
-    if not path.is_dir():
-        raise UserError(f"checkpoint {path}", "does not exist", "pass a run directory or one of its checkpoints")
-    found = checkpoint.list_checkpoints(path)
-    if not found:
-        raise UserError(f"run directory {path}", "holds no checkpoint",
-                        "train with --checkpoint-every K, or keep the default save at the end")
+    named = _is_checkpoint(path)
+    if named:
+        candidates = [path]
+    else:
+        if not path.is_dir():
+            raise UserError(f"checkpoint {path}", "does not exist", "pass a run directory or one of its checkpoints")
+        candidates = [found for _, found in reversed(checkpoint.list_checkpoints(path))]
+        if not candidates:
+            raise UserError(f"run directory {path}", "holds no checkpoint",
+                            "train with --checkpoint-every K, or keep the default save at the end")
     if not verified:
-        return found[-1][1]
+        return candidates[0]
     problems = []
-    for _, candidate in reversed(found):
+    for candidate in candidates:
         problem = checkpoint.verify(candidate)
-        if problem is None or problem.manifest_missing:
+        if checkpoint.loadable(candidate, problem):
             if problem is not None:
                 warnings.warn(f"checkpoint {candidate} {problem.text}: its files cannot be checked", stacklevel=2)
             return candidate
+        if named:
+            raise UserError(f"checkpoint {path}", problem.text,
+                            f"export the run directory ({path.parent.parent}) to take its newest whole "
+                            "checkpoint, or name an older one")
         warnings.warn(f"skipping checkpoint {candidate}: it {problem.text}", stacklevel=2)
         problems.append(f"{candidate.name} {problem.text}")
     raise UserError(f"run directory {path}", "holds no whole checkpoint: " + "; ".join(problems),
