@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from nodescale.bench import comm_math
 from nodescale.bench.comm import Settings, group_barrier, make_group, measure
-from nodescale.dist.process_group import Runtime
+from nodescale.dist.process_group import Runtime, gather_from_all
 
 SLOW_FRACTION = 0.5
 
@@ -46,9 +46,7 @@ def units_of(node_ranks: Sequence[int], hosts: Sequence[str]) -> tuple[str, list
 
 def run_pairs(runtime: Runtime, settings: Settings) -> dict[str, Any]:
     """Measure every pair of units at the largest size of ``settings``; the report, identical on every rank."""
-    mine = (runtime.env.node_rank, socket.gethostname())
-    gathered: list[Any] = [None] * runtime.world_size
-    dist.all_gather_object(gathered, mine)
+    gathered = gather_from_all(runtime, (runtime.env.node_rank, socket.gethostname()))
     kind, representatives, names = units_of([g[0] for g in gathered], [g[1] for g in gathered])
     size = max(settings.sizes)
     element = comm_math.DTYPE_BYTES[settings.dtype]
@@ -67,9 +65,7 @@ def run_pairs(runtime: Runtime, settings: Settings) -> dict[str, Any]:
                 rows.append(row)
         group_barrier(world)  # the other ranks wait here while the pair runs
         dist.destroy_process_group(subgroup)
-    everyone: list[Any] = [None] * runtime.world_size
-    dist.all_gather_object(everyone, rows)
-    pairs = [row for part in everyone for row in part]
+    pairs = [row for part in gather_from_all(runtime, rows) for row in part]
     pairs.sort(key=lambda row: row["ranks"])
     return summarise(pairs, kind, names, size, runtime, settings)
 

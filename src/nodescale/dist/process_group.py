@@ -18,6 +18,7 @@ import gc
 import ipaddress
 import logging
 import os
+from typing import Any
 import socket
 import warnings
 from collections.abc import Iterator
@@ -232,6 +233,15 @@ def barrier(runtime: Runtime) -> None:
             dist.barrier(device_ids=[runtime.device.index])
         else:
             dist.barrier()
+
+
+def gather_from_all(runtime: Runtime, value: Any) -> list[Any]:
+    """Every rank's ``value`` in rank order (one all-gather of picklable objects); ``[value]`` without a group."""
+    if not runtime.distributed:
+        return [value]
+    gathered: list[Any] = [None] * runtime.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def shutdown(runtime: Runtime) -> None:

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from nodescale.config.schema import RunConfig, profile_window
-from nodescale.dist.process_group import Runtime
+from nodescale.dist.process_group import Runtime, gather_from_all
 from nodescale.train.console import Console
 from nodescale.train.trainer import Trainer
 
@@ -68,11 +67,7 @@ class Observers:
         (Slurm --gpus-per-task, per-rank CUDA_VISIBLE_DEVICES wrappers).
         """
         mine = (self.runtime.env.node_rank, os.getpid(), _nvidia_uuid(self.runtime.device))
-        everyone: list[Any] = [mine]
-        if self.runtime.distributed:
-            everyone = [None] * self.runtime.world_size
-            dist.all_gather_object(everyone, mine)
-        here = [entry for entry in everyone if entry[0] == self.runtime.env.node_rank]
+        here = [entry for entry in gather_from_all(self.runtime, mine) if entry[0] == self.runtime.env.node_rank]
         uuids = [uuid for _, _, uuid in here]
         return [pid for _, pid, _ in here], (list(dict.fromkeys(uuids)) if all(uuids) else [])
 
@@ -84,10 +79,7 @@ class Observers:
             result["profile"] = self._describe_profile(profiled, console)
         if self.cfg.observe.monitor:
             mine = self.monitor.stop() if self.monitor is not None else None
-            everyone: list[Any] = [mine]
-            if self.runtime.distributed:
-                everyone = [None] * self.runtime.world_size
-                dist.all_gather_object(everyone, mine)
+            everyone = gather_from_all(self.runtime, mine)
             result.update(self._describe_monitors([m for m in everyone if m is not None]))
         return result
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from nodescale.config.schema import RunConfig
 from nodescale.data.loader import StepLoader
-from nodescale.dist.process_group import Runtime, barrier
+from nodescale.dist.process_group import Runtime, barrier, gather_from_all
 from nodescale.dist.watchdog import Watchdog
 from nodescale.errors import UserError
 from nodescale.models.spec import Task
@@ -129,10 +129,7 @@ class Trainer:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        rngs: list[Any] = [rng]
-        if self.runtime.distributed:
-            rngs = [None] * self.runtime.world_size
-            dist.all_gather_object(rngs, rng)
+        rngs = gather_from_all(self.runtime, rng)
         return {
             "scheduler": self.scheduler.state_dict(),
             "updater": self.updater.state_dict(),
