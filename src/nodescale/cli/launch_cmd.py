@@ -133,7 +133,8 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
         field = str(error["loc"][0]) if error["loc"] else "job"
         raise UserError(f"--{field.replace('_', '-')} {error.get('input')!r}", error["msg"].removeprefix(
             "Value error, "), "see `nodescale launch --help`") from None
-    too_late = spec.requeue and scheduler != "local" and spec.stop_warning_s >= walltime_seconds(spec.time)
+    wall = walltime_seconds(spec.time)
+    too_late = spec.requeue and scheduler != "local" and spec.stop_warning_s >= wall
     if too_late and args.stop_warning is None:
         # A short test job with the default lead: signalled at once, it would requeue forever.
         warnings.warn(f"no stop signal and no requeue: the wall time {spec.time} is not longer than the default "
@@ -142,7 +143,7 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
     elif too_late:
         raise UserError(f"--stop-warning {spec.stop_warning_s} with --time {spec.time}",
                         f"the stop signal must come before the wall time ends, and {spec.stop_warning_s} s "
-                        f"is not less than {walltime_seconds(spec.time)} s",
+                        f"is not less than {wall} s",
                         "use a shorter --stop-warning (the time one checkpoint takes, plus a margin), a longer "
                         "--time, or --no-requeue")
     if spec.mode == "spawn" and command[:2] == ["nodescale", "train"] and spec.nproc_per_node > 1:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -131,86 +133,86 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float, stop
     sinks = make_sinks(cfg.observe, run_dir) if runtime.is_main else []
     metrics = MetricsLog(run_dir / "metrics.jsonl", runtime.is_main, sinks)
     observers = Observers(cfg, runtime, run_dir)
+    with _closed_on_failure(metrics, observers):
+        torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+        random.seed(cfg.train.seed)
+        data_format = get_format(cfg.data.name)
+        if runtime.is_local_main:  # one process per node prepares; the others wait
+            data_format.prepare(cfg.data)
+        barrier(runtime)
+        splits = data_format.load(cfg.data, cfg.train.seed)
+
+        model = build_model(cfg.model, splits.spec)
+        channels_last = cfg.train.channels_last and splits.spec.is_image
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if cfg.train.activation_checkpointing:
+            apply_activation_checkpointing(model, cfg.model.name)
+        wrapped = strategy.wrap(model, runtime)
+        optimizer = make_optimizer(cfg.optim, wrapped, runtime.device)
+        updater = strategy.make_updater(wrapped, optimizer, cfg)
+        runner = torch.compile(updater.model) if cfg.train.compile else updater.model
+
+        world, rank, batch = runtime.world_size, runtime.rank, cfg.train.batch_size
+        train_plan = ShardPlan(len(splits.train), world, rank, batch, cfg.train.seed, shuffle=True)
+        val_plan = ShardPlan(len(splits.val), world, rank, batch, cfg.train.seed, shuffle=False)
+        workers = cfg.data.num_workers
+        train_loader = StepLoader(splits.train, train_plan, runtime.device, workers, channels_last)
+        # Validation workers start per evaluation rather than idling beside the training ones.
+        val_loader = StepLoader(splits.val, val_plan, runtime.device, workers, channels_last, persistent_workers=False)
+
+        steps_per_epoch = -(-train_plan.steps_per_epoch // cfg.train.grad_accum)
+        total_steps = cfg.train.epochs * steps_per_epoch
+        if cfg.train.max_steps:
+            total_steps = min(total_steps, cfg.train.max_steps)
+        scheduler = make_scheduler(cfg.optim, optimizer, total_steps)
+        trainer = Trainer(cfg, runtime, strategy, updater, runner, optimizer, scheduler, train_loader, val_loader,
+                          splits.spec.task, run_dir, console, metrics)
+        if runtime.is_main:
+            console.print(
+                f"nodescale: {cfg.model.name} on {cfg.data.name} ({len(splits.train)} train / {len(splits.val)} val), "
+                f"{cfg.strategy.name} x {world} on {runtime.device.type}, {total_steps} steps -> {run_dir}"
+            )
+        if cfg.checkpoint.resume:
+            _resume(trainer, run_dir, console)
+        if runtime.is_main:  # after a resume was accepted: a refused one leaves the run's own settings
+            write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+        metrics.start(cfg.model_dump(mode="json"), resumed=trainer.position.global_step > 0)
+
+        trainer.stop, trainer.watchdog = stop, watchdog
+        observers.start(trainer)
+        try:
+            trainer.fit()
+        except RuntimeError as exc:
+            fault = explain(exc, runtime.rank, trainer.position.global_step, cfg.strategy.timeout_s)
+            if fault is None:
+                raise
+            raise fault from exc
+        observed = observers.stop(console)
+        if trainer.stopped_by:
+            return _leave_for_requeue(trainer, runtime, metrics, console)
+        summary = gather_summary(cfg, runtime, trainer.timing, trainer.position.as_dict(), trainer.last_eval,
+                                 trainer.peak_memory(), trainer.footprint, time.perf_counter() - started)
+        summary.update(observed)
+        if cfg.observe.log:  # what the loggers cost rank 0 (metrics.csv included), for benchmarks/observe_overhead.py
+            summary["logger_seconds"] = metrics.sink_seconds
+        summary["run_dir"] = str(run_dir)
+        if runtime.is_main:
+            write_json_atomic(run_dir / "summary.json", summary)
+            console.print(summary_table(summary))
+        metrics.close(summary, "finished")
+        return summary
+
+
+@contextmanager
+def _closed_on_failure(metrics: MetricsLog, observers: Observers) -> Iterator[None]:
+    """On any failure: stop the sampler and the profiler, and close the loggers' runs as failed."""
     try:
-        return _train_observed(cfg, runtime, strategy, started, stop, watchdog, run_dir, console, metrics, observers)
+        yield
     except BaseException:
         observers.abort()
         metrics.close(None, "failed")
         raise
-
-
-def _train_observed(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float, stop: StopRequest | None,
-                    watchdog: Watchdog | None, run_dir: Path, console: Console, metrics: MetricsLog,
-                    observers: Observers) -> dict[str, Any]:
-
-    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    random.seed(cfg.train.seed)
-    data_format = get_format(cfg.data.name)
-    if runtime.is_local_main:  # one process per node prepares; the others wait
-        data_format.prepare(cfg.data)
-    barrier(runtime)
-    splits = data_format.load(cfg.data, cfg.train.seed)
-
-    model = build_model(cfg.model, splits.spec)
-    channels_last = cfg.train.channels_last and splits.spec.is_image
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    if cfg.train.activation_checkpointing:
-        apply_activation_checkpointing(model, cfg.model.name)
-    wrapped = strategy.wrap(model, runtime)
-    optimizer = make_optimizer(cfg.optim, wrapped, runtime.device)
-    updater = strategy.make_updater(wrapped, optimizer, cfg)
-    runner = torch.compile(updater.model) if cfg.train.compile else updater.model
-
-    world, rank, batch = runtime.world_size, runtime.rank, cfg.train.batch_size
-    train_plan = ShardPlan(len(splits.train), world, rank, batch, cfg.train.seed, shuffle=True)
-    val_plan = ShardPlan(len(splits.val), world, rank, batch, cfg.train.seed, shuffle=False)
-    workers = cfg.data.num_workers
-    train_loader = StepLoader(splits.train, train_plan, runtime.device, workers, channels_last)
-    # Validation workers start per evaluation rather than idling beside the training ones.
-    val_loader = StepLoader(splits.val, val_plan, runtime.device, workers, channels_last, persistent_workers=False)
-
-    steps_per_epoch = -(-train_plan.steps_per_epoch // cfg.train.grad_accum)
-    total_steps = cfg.train.epochs * steps_per_epoch
-    if cfg.train.max_steps:
-        total_steps = min(total_steps, cfg.train.max_steps)
-    scheduler = make_scheduler(cfg.optim, optimizer, total_steps)
-    trainer = Trainer(cfg, runtime, strategy, updater, runner, optimizer, scheduler, train_loader, val_loader,
-                      splits.spec.task, run_dir, console, metrics)
-    if runtime.is_main:
-        console.print(
-            f"nodescale: {cfg.model.name} on {cfg.data.name} ({len(splits.train)} train / {len(splits.val)} val), "
-            f"{cfg.strategy.name} x {world} on {runtime.device.type}, {total_steps} steps -> {run_dir}"
-        )
-    if cfg.checkpoint.resume:
-        _resume(trainer, run_dir, console)
-    if runtime.is_main:  # after a resume was accepted: a refused one leaves the run's own settings
-        write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
-    metrics.start(cfg.model_dump(mode="json"), resumed=trainer.position.global_step > 0)
-
-    trainer.stop, trainer.watchdog = stop, watchdog
-    observers.start(trainer)
-    try:
-        trainer.fit()
-    except RuntimeError as exc:
-        fault = explain(exc, runtime.rank, trainer.position.global_step, cfg.strategy.timeout_s)
-        if fault is None:
-            raise
-        raise fault from exc
-    observed = observers.stop(console)
-    if trainer.stopped_by:
-        return _leave_for_requeue(trainer, runtime, metrics, console)
-    summary = gather_summary(cfg, runtime, trainer.timing, trainer.position.as_dict(), trainer.last_eval,
-                             trainer.peak_memory(), trainer.footprint, time.perf_counter() - started)
-    summary.update(observed)
-    if cfg.observe.log:  # what the loggers cost rank 0 (metrics.csv included), for benchmarks/observe_overhead.py
-        summary["logger_seconds"] = metrics.sink_seconds
-    summary["run_dir"] = str(run_dir)
-    if runtime.is_main:
-        write_json_atomic(run_dir / "summary.json", summary)
-        console.print(summary_table(summary))
-    metrics.close(summary, "finished")
-    return summary
 
 
 def _resume_after_restart(cfg: RunConfig) -> RunConfig:
