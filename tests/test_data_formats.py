@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
+import nodescale
 from nodescale.config.schema import DataSection
 from nodescale.data import cifar10, digits, imagefolder
 from nodescale.data.arrays import ArrayDataset
@@ -696,3 +698,64 @@ def test_regression_is_learnable():
     assert 0.07 < float(residual.std()) < 0.13  # the noise floor, 0.1
     assert torch.equal(load("regression", seed=2, samples=500).train.y, train.y)
     assert not torch.equal(load("regression", seed=3, samples=500).train.y, train.y)
+
+
+# ---------------------------------------------------------------- checks without torch
+
+# Run in a fresh interpreter: checks every case in order, noting whether torch got imported by each,
+# then one failing check, whose message it prints.
+CHECK_WITHOUT_TORCH = """
+import json, sys
+from nodescale.config.schema import DataSection
+from nodescale.data.registry import get_format
+from nodescale.errors import UserError
+
+cases, failing = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+imported_torch = {}
+for name, fields in cases:
+    get_format(name).check(DataSection(name=name, **fields))
+    imported_torch[name] = "torch" in sys.modules
+try:
+    get_format(failing[0]).check(DataSection(name=failing[0], **failing[1]))
+    error = None
+except UserError as err:
+    error = str(err)
+print(json.dumps({"imported_torch": imported_torch, "error": error, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_checks_do_not_import_torch(tmp_path):
+    """The launcher checks every format before starting workers; torch would cost it 1.5 s."""
+    write_mnist(tmp_path / "mnist", gz=True)
+    write_cifar(tmp_path / "cifar", per_batch=2, n_test=2)
+    write_folder(tmp_path / "images", per_class=1)
+    keys, layout = HDF5_LAYOUTS["groups"]
+    write_hdf5(tmp_path / "data.h5", keys, layout, n_train=4, n_val=2)
+    (tmp_path / "empty").mkdir()
+    cases = [
+        ("digits", {}),
+        ("mnist", {"dir": str(tmp_path / "mnist")}),
+        ("cifar10", {"dir": str(tmp_path / "cifar")}),
+        ("imagefolder", {"dir": str(tmp_path / "images")}),
+        ("hdf5", {"dir": str(tmp_path / "data.h5")}),
+        ("synthetic", {"samples": 8}),
+        ("regression", {"samples": 8}),
+    ]
+    assert {name for name, _ in cases} == set(DATASETS), "every registered format needs a case here"
+    failing = ("mnist", {"dir": str(tmp_path / "empty")})
+    with pytest.raises(UserError) as expected:
+        get_format(failing[0]).check(DataSection(name=failing[0], **failing[1]))
+
+    src = str(Path(nodescale.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run(
+        [sys.executable, "-c", CHECK_WITHOUT_TORCH, json.dumps(cases), json.dumps(failing)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    first = next((name for name, imported in report["imported_torch"].items() if imported), None)
+    assert first is None, f"checking {first!r} imported torch"
+    assert list(report["imported_torch"]) == [name for name, _ in cases]
+    assert report["error"] == str(expected.value)
+    assert not report["torch"], "the failing check imported torch"

@@ -85,9 +85,9 @@ def _check_backend(backend: str) -> None:
 
 def _nproc(value: str) -> int:
     if value == "auto":
-        import torch
+        from nodescale.dist.accelerators import default_local_processes
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 2
+        return default_local_processes()
     if not value.isdigit() or int(value) < 1:
         raise UserError(f"--nproc {value!r}", "must be a whole number of processes, at least 1, or auto")
     return int(value)

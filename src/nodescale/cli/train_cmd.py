@@ -28,9 +28,9 @@ def local_process_count(cfg: RunConfig) -> int:
         return 1
     if cfg.strategy.nproc != "auto":
         return int(cfg.strategy.nproc)
-    import torch
+    from nodescale.dist.accelerators import default_local_processes
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+    return default_local_processes()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,8 +129,9 @@ def _check_deepspeed_config(cfg: RunConfig, world_size: int) -> None:
 
 
 def _check_offload_has_an_accelerator(cfg: RunConfig) -> None:
-    import torch
-
+    if cfg.strategy.cpu_offload == "none":  # the check imports torch (nodescale.strategies): only when it matters
+        return
+    from nodescale.dist.accelerators import visible_gpus
     from nodescale.strategies.offload import refuse_offload_without_accelerator
 
-    refuse_offload_without_accelerator(cfg.strategy.cpu_offload, torch.cuda.is_available())
+    refuse_offload_without_accelerator(cfg.strategy.cpu_offload, visible_gpus() > 0)

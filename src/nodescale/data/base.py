@@ -3,6 +3,11 @@
 A dataset format is one module in ``nodescale.data`` holding a
 :class:`DatasetFormat`. The registry (``nodescale.data.registry``) lists formats
 by name without importing them, so validating a configuration stays cheap.
+
+The launcher calls ``check`` before it starts the workers and never imports
+torch (1.5 s), so a format module imports torch only inside ``load`` (directly,
+or through a sibling module such as ``hdf5_dataset`` that ``load`` imports):
+its top level, ``check`` and ``prepare`` stay torch-free.
 """
 
 from __future__ import annotations

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from nodescale.data.arrays import ArrayDataset
 from nodescale.data.base import DatasetSplits
 from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
 if TYPE_CHECKING:
+    import torch
+
     from nodescale.config.schema import DataSection
 
 SCALE = 255.0
@@ -83,6 +83,8 @@ def locate(root: Path) -> Path:
 
 def read_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """Images ``(N, 3, 32, 32)`` uint8 and labels ``(N,)`` int64 from one batch file."""
+    import torch  # not at the top: see nodescale.data.base
+
     try:
         with path.open("rb") as file:
             batch = _ArrayUnpickler(file, encoding="bytes").load()
@@ -134,6 +136,10 @@ class Cifar10Format:
 
     def load(self, cfg: DataSection, seed: int) -> DatasetSplits:
         """Training set from the five data batches, validation set from the test batch."""
+        import torch  # not at the top: see nodescale.data.base
+
+        from nodescale.data.arrays import ArrayDataset
+
         folder = locate(_root(cfg))
         parts = [read_batch(folder / name) for name in TRAIN_FILES]
         train_x = torch.cat([x for x, _ in parts])

@@ -13,11 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from nodescale.data.arrays import ArrayDataset
 from nodescale.data.base import DatasetSplits
-from nodescale.data.split import seeded_split
 from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
@@ -76,6 +73,11 @@ class DigitsFormat:
 
     def load(self, cfg: DataSection, seed: int) -> DatasetSplits:
         """All digits in memory as ``(N, 1, 8, 8)`` uint8, split by ``cfg.val_fraction``."""
+        import torch  # not at the top: see nodescale.data.base
+
+        from nodescale.data.arrays import ArrayDataset
+        from nodescale.data.split import seeded_split
+
         pixels, labels = read_digits()
         x = torch.from_numpy(np.ascontiguousarray(pixels)).view(-1, 1, 8, 8)
         y = torch.from_numpy(labels)

@@ -15,27 +15,25 @@ Images are N x H x W x C (when C, the last dimension, is 1 or 3),
 N x C x H x W, or N x H x W; uint8 (divided by 255) or float (taken as already
 in 0..1). Labels are integers, N or N x 1.
 
-h5py handles must not cross a fork, so each process (and DataLoader worker)
-opens the file itself on its first read.
+Samples are read by ``HDF5Dataset`` (``nodescale.data.hdf5_dataset``), which
+``load`` imports: this module stays free of torch for the launcher's ``check``.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from nodescale.data.base import DatasetSplits
-from nodescale.data.split import seeded_split
 from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
 if TYPE_CHECKING:
+    import torch
+
     from nodescale.config.schema import DataSection
 
 SUFFIXES = (".h5", ".hdf5")
@@ -167,6 +165,8 @@ def _image_layout(dataset: Any, path: Path) -> ImageLayout:
 
 
 def _read_part(file: Any, keys: tuple[str, str], path: Path) -> Part:
+    import torch  # not at the top: see nodescale.data.base
+
     images_key, labels_key = keys
     images = file[images_key]
     layout = _image_layout(images, path)
@@ -189,48 +189,6 @@ def _read_part(file: Any, keys: tuple[str, str], path: Path) -> Part:
     return Part(images_key, layout, torch.from_numpy(labels.astype(np.int64)))
 
 
-class HDF5Dataset(Dataset):
-    """Samples of one images dataset (optionally a subset of its rows), read per item."""
-
-    def __init__(self, path: Path, part: Part, rows: torch.Tensor | None = None) -> None:
-        self.path = str(path)
-        self.images_key = part.images_key
-        self.layout = part.layout
-        self.rows = None if rows is None else rows.numpy()
-        self.labels = part.labels if rows is None else part.labels[rows]
-        channels = self.layout.shape[0]
-        mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,) * channels, (0.5,) * channels)
-        self.mean = torch.tensor(mean).view(-1, 1, 1)
-        self.std = torch.tensor(std).view(-1, 1, 1)
-        self._file: Any = None
-        self._pid = -1
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        row = index if self.rows is None else int(self.rows[index])
-        x = torch.from_numpy(np.asarray(self._images()[row]))
-        if self.layout.hwc:
-            x = x.permute(2, 0, 1)
-        x = x.reshape(self.layout.shape).float()
-        if self.layout.scale != 1.0:
-            x = x / self.layout.scale
-        return (x - self.mean) / self.std, self.labels[index]
-
-    def _images(self) -> Any:
-        # A handle inherited through fork is unusable: open one per process.
-        if self._file is None or self._pid != os.getpid():
-            self._file = open_file(self.path)
-            self._pid = os.getpid()
-        return self._file[self.images_key]
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_file"], state["_pid"] = None, -1  # handles do not pickle (spawned workers)
-        return state
-
-
 class HDF5Format:
     """Images and labels in one HDF5 file."""
 
@@ -246,6 +204,11 @@ class HDF5Format:
 
     def load(self, cfg: DataSection, seed: int) -> DatasetSplits:
         """Both sets, the validation one from the file or split off with ``seed``."""
+        import torch  # not at the top: see nodescale.data.base
+
+        from nodescale.data.hdf5_dataset import HDF5Dataset
+        from nodescale.data.split import seeded_split
+
         path = locate(cfg)
         try:
             file = open_file(path)

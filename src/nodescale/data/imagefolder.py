@@ -8,7 +8,9 @@ Listing a large tree (ImageNet: 1.3 M files) from every rank hammers the
 metadata server of a parallel filesystem, so ``prepare`` - one process per
 node - lists it once and writes an index into a cache directory (the data
 directory itself is often read-only). ``load`` uses the index while every
-directory it lists still has the modification time recorded in it.
+directory it lists still has the modification time recorded in it. Images are
+decoded by ``ImageFolderDataset`` (``nodescale.data.imagefolder_dataset``),
+which ``load`` imports: this module stays free of torch for the launcher's ``check``.
 """
 
 from __future__ import annotations
@@ -23,11 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from nodescale.data.base import DatasetSplits
-from nodescale.data.split import seeded_split
 from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
@@ -243,50 +242,6 @@ def read_index(root: Path) -> FolderIndex | None:
     return index
 
 
-_MEAN = torch.tensor(MEAN).view(3, 1, 1)
-_STD = torch.tensor(STD).view(3, 1, 1)
-
-
-class ImageFolderDataset(Dataset):
-    """Images decoded from files per item, as normalised float32 ``(3, H, W)`` and int64 labels."""
-
-    def __init__(self, root: str, paths: np.ndarray, labels: np.ndarray, image_size: int | None) -> None:
-        # Paths as one numpy bytes array, not a list of str: DataLoader workers
-        # touching millions of Python objects would copy their pages (refcounts).
-        self.root = root
-        self.paths = paths
-        self.labels = labels
-        self.image_size = image_size
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        path = os.path.join(self.root, os.fsdecode(self.paths[index]))
-        try:
-            pixels = decode(path, self.image_size)
-        except OSError as err:
-            raise UserError(f"{path}", f"cannot be decoded ({err})", "remove or replace the file") from err
-        x = torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)
-        x.sub_(_MEAN).div_(_STD)
-        return x, torch.tensor(self.labels[index], dtype=torch.int64)
-
-
-def decode(path: str, image_size: int | None) -> np.ndarray:
-    """The image at ``path`` as uint8 RGB ``(H, W, 3)``; cropped and resized to ``image_size`` if given."""
-    from PIL import Image, ImageOps  # imported once per process, then a dictionary look-up
-
-    with Image.open(path) as img:
-        if image_size is not None:
-            # JPEG only: decode at a reduced scale that still covers the target (fast for big photos).
-            img.draft("RGB", (image_size, image_size))
-        img = img.convert("RGB")
-        if image_size is not None and img.size != (image_size, image_size):
-            # Centre crop to a square, then resize: no distortion of the aspect ratio.
-            img = ImageOps.fit(img, (image_size, image_size), Image.Resampling.BILINEAR)
-        return np.array(img, dtype=np.uint8)  # a writable copy, which torch.from_numpy wants
-
-
 def _samples(index: FolderIndex, group: dict[str, list[str]]) -> tuple[np.ndarray, np.ndarray]:
     label_of = {name: i for i, name in enumerate(index.classes)}
     paths = [os.fsencode(rel) for name in sorted(group) for rel in group[name]]
@@ -319,6 +274,9 @@ class ImageFolderFormat:
 
     def load(self, cfg: DataSection, seed: int) -> DatasetSplits:
         """Both splits, from the cached index when it is fresh, else from a scan."""
+        from nodescale.data.imagefolder_dataset import ImageFolderDataset  # not at the top: see nodescale.data.base
+        from nodescale.data.split import seeded_split
+
         root = _root(cfg)
         index = read_index(root)
         if index is None or (index.size is None and cfg.image_size is None):

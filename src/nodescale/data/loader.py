@@ -71,8 +71,8 @@ class StepLoader:
         if batches is None:
             batches = self.plan.batches(epoch, start_step)
         if isinstance(self.dataset, ArrayDataset):
-            for batch in batches:
-                x, y = self.dataset.get_batch(batch.indices, self.device)
+            for batch, indices in zip(batches, _indices_on(self.dataset.x.device, batches), strict=True):
+                x, y = self.dataset.get_batch(indices, self.device)
                 yield self._with_weights(x, y, batch)
             return
         assert self._loader is not None
@@ -94,6 +94,22 @@ class StepLoader:
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return DeviceBatch(x, y, weights, batch.global_count, real)
+
+
+def _indices_on(device: torch.device, batches: list[Batch]) -> list[torch.Tensor]:
+    """Each batch's sample indices on ``device``, moved there in one copy for the whole epoch.
+
+    Indexing a CUDA tensor with CPU indices copies them with a blocking copy, which waits for
+    every queued kernel: one host synchronisation per step, and the GPU idles while Python
+    queues the next step. One pinned, non-blocking copy per epoch keeps the steps free of it.
+    """
+    if device.type == "cpu" or not batches:
+        return [batch.indices for batch in batches]
+    flat = torch.cat([batch.indices for batch in batches])
+    if device.type == "cuda":
+        flat = flat.pin_memory()
+    on_device = flat.to(device, non_blocking=True)
+    return list(on_device.split([len(batch.indices) for batch in batches]))
 
 
 class _PlannedBatches:

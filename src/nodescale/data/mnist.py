@@ -14,14 +14,13 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
-from nodescale.data.arrays import ArrayDataset
 from nodescale.data.base import DatasetSplits
 from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
 if TYPE_CHECKING:
+    import torch
+
     from nodescale.config.schema import DataSection
 
 MEAN = (0.1307,)
@@ -77,6 +76,8 @@ def _read_bytes(path: Path) -> bytes:
 
 def read_idx(path: Path, magic: int, ndim: int) -> torch.Tensor:
     """The uint8 array in the IDX file at ``path``, checked against its header."""
+    import torch  # not at the top: see nodescale.data.base
+
     data = _read_bytes(path)
     header = 4 + 4 * ndim
     if len(data) < header:
@@ -137,6 +138,10 @@ class MnistFormat:
 
     def load(self, cfg: DataSection, seed: int) -> DatasetSplits:
         """Training set from train-*, validation set from t10k-*; ``seed`` is not needed."""
+        import torch  # not at the top: see nodescale.data.base
+
+        from nodescale.data.arrays import ArrayDataset
+
         paths = locate(_root(cfg))
         train_x, train_y = _read_split(paths, *FILES["train"])
         val_x, val_y = _read_split(paths, *FILES["val"])

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
-from nodescale.data.arrays import ArrayDataset
 from nodescale.data.base import DatasetSplits
 from nodescale.models.spec import InputSpec
 
@@ -36,6 +33,10 @@ class RegressionFormat:
 
     def load(self, cfg: DataSection, seed: int) -> DatasetSplits:
         """``cfg.samples`` training and ``max(1, samples // 5)`` validation pairs, all from ``seed``."""
+        import torch  # not at the top: see nodescale.data.base
+
+        from nodescale.data.arrays import ArrayDataset
+
         generator = torch.Generator(device="cpu").manual_seed(seed)
         w_true = torch.randn(FEATURES, 1, generator=generator)
         b_true = torch.randn(1, generator=generator)

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
-from nodescale.data.arrays import ArrayDataset
 from nodescale.data.base import DatasetSplits
 from nodescale.models.spec import InputSpec
 
@@ -35,6 +32,10 @@ class SyntheticFormat:
 
     def load(self, cfg: DataSection, seed: int) -> DatasetSplits:
         """``cfg.samples`` training and ``max(1, samples // 8)`` validation samples drawn from ``seed``."""
+        import torch  # not at the top: see nodescale.data.base
+
+        from nodescale.data.arrays import ArrayDataset
+
         side = cfg.image_size or DEFAULT_SIZE
         shape = (cfg.channels, side, side)
         generator = torch.Generator(device="cpu").manual_seed(seed)

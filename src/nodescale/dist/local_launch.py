@@ -1,28 +1,24 @@
-"""Start N local worker processes the way ``torchrun --standalone`` does.
+"""Start N local worker processes the way ``torchrun --standalone`` does, and restart them.
 
-Uses torch's elastic launcher (an agent, a c10d rendezvous on a free local
-port, worker monitoring), so workers see exactly the environment torchrun
-gives them and the same entry point runs unchanged under torchrun.
+The workers are started by :mod:`nodescale.dist.worker_group` with exactly torchrun's
+environment, so the same entry point runs unchanged under torchrun; this launcher does
+not import torch, which lets the workers start about one ``import torch`` sooner.
 
-Restarts (``max_restarts``) are nodescale's own loop around the launcher
-rather than the agent's: the agent restarts a group whatever the exit code,
-while a user error (exit code 2) would only fail the same way again, so it
-stops the job at once. Restarted workers see ``NODESCALE_RESTART_COUNT`` (and
+Restarts (``max_restarts``) are a loop around the group: torch's agent restarts a group
+whatever the exit code, while a user error (exit code 2) would only fail the same way again,
+so it stops the job at once. Restarted workers see ``NODESCALE_RESTART_COUNT`` (and
 torchrun's own restarts set ``TORCHELASTIC_RESTART_COUNT``); either way
 :func:`current_restart` tells them to resume from the newest checkpoint.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
 import sys
 import tempfile
-import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,113 +83,59 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0) -> i
     When a worker fails for any reason but a user error, every worker is
     stopped and all are started again, up to ``max_restarts`` times. Exit code
     2 when every failed worker exited 2 (they printed the user error
-    themselves), 1 for any other failure, 0 on success.
+    themselves), 1 for any other failure, 0 on success, 128 + N when signal N
+    stopped the launcher.
     """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from nodescale.dist.worker_group import run_worker_group
 
-    # The agent logs every worker failure with its own traceback-like report;
-    # nodescale reports failures itself: each user error once, exit codes per rank.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
-    restart_variables = (RESTART_COUNT_VARIABLE, MAX_RESTARTS_VARIABLE, RESTART_REASON_VARIABLE)
+    restart: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="nodescale-errors-") as error_dir:
-        os.environ[ERROR_DIR_VARIABLE] = error_dir
-        try:
-            for attempt in range(max_restarts + 1):
-                config = LaunchConfig(
-                    min_nodes=1,
-                    max_nodes=1,
-                    nproc_per_node=nproc,
-                    run_id=str(uuid.uuid4()),
-                    rdzv_backend="c10d",
-                    rdzv_endpoint="127.0.0.1:0",  # port 0: the store picks a free port, so jobs never clash
-                    max_restarts=0,  # restarts are the loop's: see the module docstring
-                    monitor_interval=0.1,
-                )
-                try:
-                    from nodescale.dist.process_group import loopback_stores
-
-                    with loopback_stores(config), _stop_signals_forwarded_to_workers():
-                        elastic_launch(config, command[0])(*command[1:])
-                    return 0
-                except ChildFailedError as exc:
-                    codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
-                except SignalException as exc:
-                    # SIGTERM/SIGINT to this launcher: the agent passed it on to the workers (whose
-                    # stop handlers checkpoint within its 30 s grace) and stopped them.
-                    print(f"nodescale: stopped by {exc.sigval.name}; the workers were told to stop",
-                          file=sys.stderr)
-                    return 128 + int(exc.sigval)
-                _print_user_errors(Path(error_dir))
-                # When one rank stops on a user error the agent terminates the others
-                # (negative exit codes: killed by a signal); that is still the user's error,
-                # and restarting would meet it again.
-                if EXIT_USER_ERROR in codes.values() and all(
-                    code == EXIT_USER_ERROR or code < 0 for code in codes.values()
-                ):
-                    return EXIT_USER_ERROR
-                reason = describe_failure(codes)
-                # Ranks that stopped on an agreed stop signal (preemption) were asked to stop, not
-                # broken: the job script requeues on this code, so it is passed on as it is.
-                # (The agent ends the other ranks with SIGTERM once the first has exited; by then
-                # they have passed the barrier after the checkpoint.)
-                if EXIT_REQUEUE in codes.values() and all(
-                    code in (EXIT_REQUEUE, -signal.SIGTERM) for code in codes.values()
-                ):
-                    print(f"nodescale: stopped for requeue at a checkpoint ({reason})", file=sys.stderr)
-                    return EXIT_REQUEUE
-                if attempt == max_restarts or EXIT_REQUEUE in codes.values():
-                    print(f"nodescale: worker processes failed: {reason}", file=sys.stderr)
-                    return 1
-                print(f"nodescale: {reason}; restarting all {nproc} processes from the newest checkpoint "
-                      f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr)
-                sys.stderr.flush()
-                _clear(Path(error_dir))
-                os.environ.update({RESTART_COUNT_VARIABLE: str(attempt + 1),
-                                   MAX_RESTARTS_VARIABLE: str(max_restarts), RESTART_REASON_VARIABLE: reason})
-        finally:
-            for name in (ERROR_DIR_VARIABLE, *restart_variables):
-                os.environ.pop(name, None)
+        for attempt in range(max_restarts + 1):
+            result = run_worker_group(command, nproc, {ERROR_DIR_VARIABLE: error_dir, **restart})
+            if result.stopped_by is not None:
+                # SIGTERM/SIGINT to this launcher: passed on to the workers, whose stop handlers
+                # checkpoint within the grace period, and they were stopped.
+                print(f"nodescale: stopped by {result.stopped_by.name}; the workers were told to stop",
+                      file=sys.stderr)
+                return 128 + int(result.stopped_by)
+            codes = result.failures
+            if not codes:
+                return 0
+            _print_user_errors(Path(error_dir))
+            # When one rank stops on a user error the others are stopped (negative exit codes:
+            # killed by a signal); that is still the user's error, and restarting would meet it again.
+            if EXIT_USER_ERROR in codes.values() and all(
+                code == EXIT_USER_ERROR or code < 0 for code in codes.values()
+            ):
+                return EXIT_USER_ERROR
+            reason = describe_failure(codes)
+            # Ranks that stopped on an agreed stop signal (preemption) were asked to stop, not
+            # broken: the job script requeues on this code, so it is passed on as it is.
+            # (The others are ended with SIGTERM once the first has exited; by then they have
+            # passed the barrier after the checkpoint.)
+            if EXIT_REQUEUE in codes.values() and all(
+                code in (EXIT_REQUEUE, -signal.SIGTERM) for code in codes.values()
+            ):
+                print(f"nodescale: stopped for requeue at a checkpoint ({reason})", file=sys.stderr)
+                return EXIT_REQUEUE
+            if attempt == max_restarts or EXIT_REQUEUE in codes.values():
+                print(f"nodescale: worker processes failed: {reason}", file=sys.stderr)
+                return 1
+            print(f"nodescale: {reason}; restarting all {nproc} processes from the newest checkpoint "
+                  f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr)
+            sys.stderr.flush()
+            _clear(Path(error_dir))
+            restart = {RESTART_COUNT_VARIABLE: str(attempt + 1), MAX_RESTARTS_VARIABLE: str(max_restarts),
+                       RESTART_REASON_VARIABLE: reason}
     return 1  # not reached: every attempt returns
 
 
-# Signals the elastic agent leaves at their default action (ending this launcher and orphaning
-# the workers, which run in sessions of their own): passed on to the workers instead, whose
-# stop handlers agree on a step, checkpoint and exit for requeue.
-FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
-
-
-@contextmanager
-def _stop_signals_forwarded_to_workers() -> Iterator[None]:
-    def forward(signum: int, frame: object) -> None:
-        for pid in _child_pids():
-            with suppress(ProcessLookupError):
-                os.kill(pid, signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _child_pids() -> list[int]:
-    """This process's children (the workers the agent started), from /proc."""
-    pids: list[int] = []
-    for children in Path("/proc/self/task").glob("*/children"):
-        with suppress(OSError):
-            pids += [int(pid) for pid in children.read_text().split()]
-    return pids
-
-
 def describe_failure(codes: dict[int, int]) -> str:
-    """``rank 1 exited with -9 (SIGKILL)``: the ranks that failed first, not those the agent stopped after.
+    """``rank 1 exited with -9 (SIGKILL)``: the ranks that failed first, not those stopped after them.
 
-    The agent ends the surviving workers with SIGTERM once one fails; they are
-    named only when nothing else failed.
+    Once one worker fails the others are ended with SIGTERM (by nodescale's launcher as by
+    torchrun's agent); they are named only when nothing else failed.
     """
     first = {rank: code for rank, code in codes.items() if code != -signal.SIGTERM} or codes
     parts = []

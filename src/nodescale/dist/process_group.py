@@ -18,18 +18,16 @@ import gc
 import ipaddress
 import logging
 import os
-from typing import Any
 import socket
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from nodescale.dist.env import LOOPBACK, DistEnv
+from nodescale.dist.env import DistEnv
 
 log = logging.getLogger(__name__)
 
@@ -186,44 +184,6 @@ def listening_store(host: str, port: int, world_size: int | None, timeout: timed
     # The server owns the descriptor from here on (detach: Python must not close it under it).
     return dist.TCPStore(host, bound_port, world_size, is_master=True, timeout=timeout,
                          wait_for_workers=wait_for_workers, multi_tenant=True, master_listen_fd=sock.detach())
-
-
-@contextmanager
-def loopback_stores(config: object) -> Iterator[None]:
-    """Make a local ``elastic_launch`` with ``config`` keep its c10d stores on 127.0.0.1.
-
-    torch's elastic agent starts two ``TCPStore`` servers, both bound to every interface: the
-    rendezvous store at ``config.rdzv_endpoint`` and the one the workers share. Inside this
-    context the first is replaced by a loopback-only server on a free port (torch's backend,
-    multi-tenant, reuses it), the second is created on loopback, and the workers are told
-    ``MASTER_ADDR=127.0.0.1``. Where torch's internals differ from what this expects, the
-    launch goes ahead as torch would do it (see docs/security.md).
-    """
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    rendezvous_store = listening_store(LOOPBACK, 0, None, timedelta(seconds=60), wait_for_workers=False)
-    handler = dynamic_rendezvous.DynamicRendezvousHandler
-    original = getattr(handler, "_create_tcp_store_server", None)
-    if rendezvous_store is None or original is None:
-        yield
-        return
-
-    def _loopback_server(self: object, master_addr: str, master_port: int) -> dist.TCPStore:
-        store = listening_store(master_addr, master_port, None, timedelta(seconds=60), wait_for_workers=False) \
-            if master_addr == LOOPBACK else None
-        return store if store is not None else original(self, master_addr, master_port)
-
-    saved = {name: getattr(config, name) for name in ("rdzv_endpoint", "local_addr")}
-    config.rdzv_endpoint = f"{LOOPBACK}:{rendezvous_store.port}"  # type: ignore[attr-defined]
-    config.local_addr = LOOPBACK  # type: ignore[attr-defined]
-    handler._create_tcp_store_server = _loopback_server  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        handler._create_tcp_store_server = original  # type: ignore[method-assign]
-        for name, value in saved.items():
-            setattr(config, name, value)
-        del rendezvous_store
 
 
 def barrier(runtime: Runtime) -> None:

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On a GPU machine (never in CI): the CUDA tests, then the single-GPU throughput benchmark.
+#
+#   bash scripts/gpu-wheels.sh                    # here, once: wheels the bare GPU image lacks
+#   bash scripts/gpu-check.sh tests|bench|all     # there, with .whl carried along
+#
+# Results (JUnit XML, logs, benchmark JSON) go to $OUT when it is set (the device tool's
+# folder that comes back), else to ./gpu-check-out.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what="${1:-all}"
+out="${OUT:-$PWD/gpu-check-out}"
+mkdir -p "$out"
+if ! python3 -c "import pydantic" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "gpu-check: no wheels in .whl/: run scripts/gpu-wheels.sh here and carry .whl" >&2; exit 2; }
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())" \
+    | tee -a "$out/gpu.txt"
+status=0
+if [[ "$what" == tests || "$what" == all ]]; then
+    python3 -m pytest tests/gpu -v -p no:cacheprovider --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log"
+    status=${PIPESTATUS[0]}
+fi
+if [[ "$what" == bench || "$what" == all ]]; then
+    python3 benchmarks/throughput.py --out "$out" 2>&1 | tee "$out/throughput.log"
+    (( status == 0 )) && status=${PIPESTATUS[0]}
+fi
+exit "$status"

@@ -1,0 +1,59 @@
+"""Samples of the imagefolder format, decoded from their files one item at a time.
+
+Apart from ``nodescale.data.imagefolder`` because it needs torch, which the
+launcher's ``check`` must not import; ``ImageFolderFormat.load`` imports it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from nodescale.data.imagefolder import MEAN, STD
+from nodescale.errors import UserError
+
+_MEAN = torch.tensor(MEAN).view(3, 1, 1)
+_STD = torch.tensor(STD).view(3, 1, 1)
+
+
+class ImageFolderDataset(Dataset):
+    """Images decoded from files per item, as normalised float32 ``(3, H, W)`` and int64 labels."""
+
+    def __init__(self, root: str, paths: np.ndarray, labels: np.ndarray, image_size: int | None) -> None:
+        # Paths as one numpy bytes array, not a list of str: DataLoader workers
+        # touching millions of Python objects would copy their pages (refcounts).
+        self.root = root
+        self.paths = paths
+        self.labels = labels
+        self.image_size = image_size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        path = os.path.join(self.root, os.fsdecode(self.paths[index]))
+        try:
+            pixels = decode(path, self.image_size)
+        except OSError as err:
+            raise UserError(f"{path}", f"cannot be decoded ({err})", "remove or replace the file") from err
+        x = torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)
+        x.sub_(_MEAN).div_(_STD)
+        return x, torch.tensor(self.labels[index], dtype=torch.int64)
+
+
+def decode(path: str, image_size: int | None) -> np.ndarray:
+    """The image at ``path`` as uint8 RGB ``(H, W, 3)``; cropped and resized to ``image_size`` if given."""
+    from PIL import Image, ImageOps  # imported once per process, then a dictionary look-up
+
+    with Image.open(path) as img:
+        if image_size is not None:
+            # JPEG only: decode at a reduced scale that still covers the target (fast for big photos).
+            img.draft("RGB", (image_size, image_size))
+        img = img.convert("RGB")
+        if image_size is not None and img.size != (image_size, image_size):
+            # Centre crop to a square, then resize: no distortion of the aspect ratio.
+            img = ImageOps.fit(img, (image_size, image_size), Image.Resampling.BILINEAR)
+        return np.array(img, dtype=np.uint8)  # a writable copy, which torch.from_numpy wants

@@ -1,0 +1,177 @@
+"""N local worker processes with torchrun's environment, watched until they all end or one fails.
+
+This is the part of ``torchrun --standalone`` a single-node job needs, without importing
+torch: the launcher starts the workers at once instead of after its own 1.5-10 s
+``import torch`` (longer on a parallel filesystem), and the workers start no sooner under
+torchrun. What it keeps from torch's agent:
+
+- every variable torchrun gives a worker (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+  ``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_RUN_ID`` ...), so any script, Lightning,
+  Accelerate and DeepSpeed see a torchrun job; rank 0 hosts the c10d store on loopback;
+- each worker in a session of its own, so a terminal's Ctrl-C reaches the launcher only;
+- when one worker fails, the others get SIGTERM, 30 s to finish (a checkpoint), then SIGKILL;
+- SIGTERM, SIGINT and SIGHUP to the launcher are passed on to the workers the same way, and
+  SIGUSR1/SIGUSR2 (the schedulers' warnings before a time limit) are passed on as they are.
+
+Beyond it: on Linux each worker dies with the launcher (``PR_SET_PDEATHSIG``), so a launcher
+killed outright (OOM killer, ``kill -9``) leaves no rank hanging in a collective: they get SIGTERM
+then, as if the launcher had been stopped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from types import FrameType
+
+from nodescale.dist.env import LOOPBACK
+from nodescale.dist.ports import free_port
+
+# How long a worker told to stop may take (to write its checkpoint) before it is killed: torch's agent's figure.
+STOP_GRACE_SECONDS = 30.0
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """How a worker group ended."""
+
+    codes: dict[int, int]  # each rank's exit code; negative: ended by that signal
+    stopped_by: signal.Signals | None = None  # a stop signal to the launcher ended the group
+
+    @property
+    def failures(self) -> dict[int, int]:
+        """The ranks that did not exit 0, with their codes."""
+        return {rank: code for rank, code in self.codes.items() if code != 0}
+
+
+def worker_environment(
+    base: Mapping[str, str], rank: int, nproc: int, port: int, run_id: str, extra: Mapping[str, str]
+) -> dict[str, str]:
+    """The environment torchrun's agent gives local rank ``rank`` of a one-node job of ``nproc``."""
+    env = dict(base)
+    env.update(extra)
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default", "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc),
+        "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        # No agent hosts a store: rank 0 serves it, as under torchrun's static rendezvous.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    })
+    return env
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str, str] | None = None,
+                     grace_seconds: float = STOP_GRACE_SECONDS) -> GroupResult:
+    """Run ``command`` as ranks 0..nproc-1 on this host; return when all have exited.
+
+    Ends early when a worker fails (the others are stopped) or the launcher is told to stop.
+    """
+    port = free_port(LOOPBACK)
+    run_id = uuid.uuid4().hex
+    workers: dict[int, subprocess.Popen[bytes]] = {}
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise _Stop(signum)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        _signal_all(workers, signum)
+
+    previous = _install({**{s: stop for s in STOPPING_SIGNALS}, **{s: forward for s in FORWARDED_SIGNALS}})
+    try:
+        for rank in range(nproc):
+            env = worker_environment(os.environ, rank, nproc, port, run_id, extra_env or {})
+            workers[rank] = subprocess.Popen(list(command), env=env, start_new_session=True,
+                                             preexec_fn=_die_with_parent)
+        codes = _wait_for_all_or_a_failure(workers)
+        if any(codes.values()):
+            codes.update(_stop_workers(workers, signal.SIGTERM, grace_seconds))
+        return GroupResult(codes)
+    except _Stop as request:
+        # A second stop signal while the workers finish must not interrupt the wait for them.
+        _install({s: signal.SIG_IGN for s in STOPPING_SIGNALS})
+        codes = {rank: worker.returncode for rank, worker in workers.items() if worker.returncode is not None}
+        codes.update(_stop_workers(workers, signal.Signals(request.signum), grace_seconds))
+        return GroupResult(codes, signal.Signals(request.signum))
+    finally:
+        _install(previous)
+        _stop_workers(workers, signal.SIGKILL, 0.0)  # none should be left; if one is, it must not outlive us
+
+
+def _wait_for_all_or_a_failure(workers: dict[int, subprocess.Popen[bytes]],
+                               poll_seconds: float = 0.05) -> dict[int, int]:
+    """Exit codes of the workers that ended before all exited 0 or the first exited otherwise.
+
+    Polls each worker rather than waiting for any child (``waitpid(-1)``), which would reap
+    children that are not the group's when the launcher runs inside a larger program.
+    """
+    codes: dict[int, int] = {}
+    while len(codes) < len(workers):
+        for rank, worker in workers.items():
+            if rank in codes or worker.poll() is None:
+                continue
+            codes[rank] = int(worker.returncode)
+            if worker.returncode != 0:
+                return codes
+        if len(codes) < len(workers):
+            time.sleep(poll_seconds)  # a stop signal's handler raises out of the sleep
+    return codes
+
+
+def _stop_workers(workers: dict[int, subprocess.Popen[bytes]], sig: signal.Signals,
+                  grace_seconds: float) -> dict[int, int]:
+    """Send ``sig`` to every running worker's session, wait up to ``grace_seconds``, then kill the rest."""
+    running = {rank: worker for rank, worker in workers.items() if worker.poll() is None}
+    _signal_all(running, sig, whole_session=True)
+    deadline = time.monotonic() + grace_seconds
+    for worker in running.values():
+        with suppress(subprocess.TimeoutExpired):
+            worker.wait(timeout=max(0.0, deadline - time.monotonic()))
+    late = {rank: worker for rank, worker in running.items() if worker.poll() is None}
+    if late:
+        _signal_all(late, signal.SIGKILL, whole_session=True)
+        for worker in late.values():
+            worker.wait()
+    return {rank: int(worker.returncode) for rank, worker in running.items()}
+
+
+def _signal_all(workers: Mapping[int, subprocess.Popen[bytes]], sig: int, whole_session: bool = False) -> None:
+    """``sig`` to each worker still running (and to its own children, with ``whole_session``)."""
+    for worker in workers.values():
+        if worker.returncode is not None:
+            continue
+        with suppress(ProcessLookupError, PermissionError):
+            if whole_session:
+                os.killpg(worker.pid, sig)  # start_new_session: the worker leads its own group
+            else:
+                os.kill(worker.pid, sig)
+
+
+def _install(handlers: Mapping[int, Callable[..., object] | int]) -> dict[int, object]:
+    """Set each signal's handler; return the ones they replace."""
+    return {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}  # type: ignore[arg-type]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the launcher dies (a no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        with suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG

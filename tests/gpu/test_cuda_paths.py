@@ -1,0 +1,113 @@
+"""The GPU fast path on a real CUDA device: NCCL, bf16/fp16, channels_last, torch.compile,
+the allocator's memory figures, NVML samples, CUDA kernels in the profiler, and no host
+synchronisation inside the training step.
+
+Skipped without CUDA (see conftest.py); ``scripts/gpu-check.sh`` runs them on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import read_summary, run_cli
+
+pytestmark = pytest.mark.gpu
+
+
+def _train(tmp_path: Path, name: str, *flags: str, timeout: float = 600) -> dict:
+    out = tmp_path / name
+    run_cli(["train", "--out", str(out), "--set", "checkpoint.at_end=false", *flags], tmp_path, timeout=timeout)
+    return read_summary(out)
+
+
+def _synchronisations(tmp_path: Path, steps: int) -> int:
+    """Synchronising CUDA calls of a whole in-process run of ``steps`` optimiser steps."""
+    from nodescale.config.load import load_config
+    from nodescale.train.run import run_training
+
+    cfg = load_config(overrides={
+        "model.name": "cnn", "data.name": "digits", "train.epochs": 1, "train.max_steps": steps,
+        "train.batch_size": 16, "train.log_every": 10_000, "checkpoint.at_end": False,
+        "out": str(tmp_path / f"steps-{steps}"),
+    })
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run_training(cfg)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+def test_the_training_step_never_waits_for_the_gpu(tmp_path: Path) -> None:
+    """Host synchronisations belong to start-up, log points and evaluation, never to each step.
+
+    The same run with 40 steps instead of 10 (one epoch of digits, no log point in between)
+    must synchronise exactly as often: any per-step ``.item()``, blocking copy or CPU-indexed
+    CUDA tensor would add 30.
+    """
+    short = _synchronisations(tmp_path, 10)
+    long = _synchronisations(tmp_path, 40)
+    assert long == short, f"{long - short} more synchronisations for 30 more steps ({short} for 10 steps)"
+
+
+def test_bf16_channels_last_and_compile_train_the_default_job(tmp_path: Path) -> None:
+    summary = _train(tmp_path, "fast", "--precision", "bf16", "--channels-last", "--compile", "--epochs", "3")
+    assert summary["world_size"] == 1
+    assert not summary["device"].startswith("cpu"), summary["device"]  # CUDA's name, e.g. "NVIDIA H100 80GB HBM3"
+    assert summary["val_accuracy"] > 0.9, summary
+    assert summary["peak_memory_kind"] == "cuda_max_allocated"
+    assert 0 < summary["peak_memory_bytes"] < torch.cuda.get_device_properties(0).total_memory
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_other_precisions_train(tmp_path: Path, precision: str) -> None:
+    summary = _train(tmp_path, precision, "--precision", precision, "--epochs", "3")
+    assert summary["val_accuracy"] > 0.9, summary
+
+
+def test_resnet_and_vit_train_a_few_steps_in_bf16(tmp_path: Path) -> None:
+    for model in ("resnet50", "vit_b16"):
+        summary = _train(tmp_path, model, "--model", model, "--dataset", "synthetic", "--set", "data.image_size=224",
+                         "--set", "data.samples=256", "--batch-size", "32", "--max-steps", "6", "--precision",
+                         "bf16", "--channels-last")
+        assert summary["global_steps"] == 6
+        assert summary["samples_per_second"] > 0
+
+
+def test_fsdp_on_one_gpu_with_nccl(tmp_path: Path) -> None:
+    summary = _train(tmp_path, "fsdp", "--strategy", "fsdp", "--nproc", "1", "--precision", "bf16", "--epochs", "2")
+    assert summary["backend"] == "nccl"
+    assert summary["val_accuracy"] > 0.8, summary
+
+
+def test_bench_comm_on_nccl(tmp_path: Path) -> None:
+    out = tmp_path / "comm"
+    run_cli(["bench", "comm", "--nproc", "1", "--sizes", "1K:16M", "--out", str(out), "--no-plot"], tmp_path)
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert rows and all(row["correct"] for row in rows)
+    assert {row["backend"] for row in rows} == {"nccl"}
+    assert all(row["device"].startswith("cuda") for row in rows)
+
+
+def test_monitor_samples_the_gpu_through_nvml(tmp_path: Path) -> None:
+    _train(tmp_path, "monitored", "--monitor", "--monitor-interval", "0.2", "--epochs", "3")
+    with (tmp_path / "monitored" / "monitor" / "node-0.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert rows
+    assert "gpu0_mem_used_bytes" in rows[0]
+    assert any(float(row["gpu0_mem_used_bytes"] or 0) > 0 for row in rows)
+
+
+def test_profiler_records_cuda_kernels(tmp_path: Path) -> None:
+    _train(tmp_path, "profiled", "--profile", "3:2", "--epochs", "1")
+    trace = json.loads((tmp_path / "profiled" / "profile" / "rank0.trace.json").read_text())
+    categories = {event.get("cat") for event in trace["traceEvents"]}
+    assert "kernel" in categories, sorted(c for c in categories if c)

@@ -1,0 +1,206 @@
+"""nodescale's own local launcher: torchrun's environment without torch, and how a group ends.
+
+Real processes throughout: workers are small Python scripts, the launcher runs in a
+subprocess where its signals or its death are under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_env, read_summary
+from nodescale.dist import ports
+from nodescale.dist.accelerators import gpu_driver_present
+from nodescale.dist.worker_group import run_worker_group
+
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE",
+                      "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                      "TORCHELASTIC_USE_AGENT_STORE")
+
+
+def _script(tmp_path: Path, name: str, body: str) -> list[str]:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return [sys.executable, str(path)]
+
+
+def _wait_for(path: Path, count: int = 1, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(list(path.parent.glob(path.name))) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} ({count}) did not appear within {timeout} s")
+
+
+def test_the_launcher_never_imports_torch(tmp_path: Path) -> None:
+    """Training with --nproc 2 from start to end, the launcher process without torch."""
+    out = tmp_path / "run"
+    code = textwrap.dedent(f"""
+        import sys
+        from nodescale.cli.main import main
+        code = main(["train", "--strategy", "ddp", "--nproc", "2", "--max-steps", "3", "--epochs", "1",
+                     "--out", {str(out)!r}, "--set", "checkpoint.at_end=false"])
+        print("LAUNCHER", code, "torch" in sys.modules)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(), capture_output=True,
+                            text=True, timeout=240)
+    assert "LAUNCHER 0 False" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    summary = read_summary(out)
+    assert summary["world_size"] == 2 and summary["global_steps"] == 3
+
+
+def test_workers_see_torchruns_variables_and_run_in_their_own_sessions(tmp_path: Path) -> None:
+    command = _script(tmp_path, "env.py", f"""
+        import json, os
+        names = {TORCHRUN_VARIABLES!r}
+        record = {{name: os.environ.get(name) for name in names}}
+        record["own_session"] = os.getsid(0) == os.getpid()
+        record["extra"] = os.environ.get("EXTRA_FOR_TEST")
+        with open(os.path.join({str(tmp_path)!r}, "rank" + os.environ["RANK"] + ".json"), "w") as f:
+            json.dump(record, f)
+    """)
+    result = run_worker_group(command, 3, {"EXTRA_FOR_TEST": "yes"})
+    assert result.codes == {0: 0, 1: 0, 2: 0} and result.stopped_by is None and not result.failures
+    records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(3)]
+    for rank, record in enumerate(records):
+        assert record["RANK"] == record["LOCAL_RANK"] == record["ROLE_RANK"] == str(rank)
+        assert record["WORLD_SIZE"] == record["LOCAL_WORLD_SIZE"] == record["ROLE_WORLD_SIZE"] == "3"
+        assert (record["GROUP_RANK"], record["GROUP_WORLD_SIZE"]) == ("0", "1")
+        assert record["MASTER_ADDR"] == "127.0.0.1"
+        assert record["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+        assert record["own_session"] and record["extra"] == "yes"
+    assert len({r["MASTER_PORT"] for r in records}) == 1 and len({r["TORCHELASTIC_RUN_ID"] for r in records}) == 1
+    low, _ = ports.ephemeral_range()
+    assert ports.LOWEST_PORT <= int(records[0]["MASTER_PORT"]) < low
+
+
+def test_a_failed_worker_stops_the_others_with_sigterm(tmp_path: Path) -> None:
+    command = _script(tmp_path, "fail.py", f"""
+        import os, signal, sys, time
+        if os.environ["RANK"] == "0":
+            time.sleep(0.5)
+            sys.exit(3)
+        def stopped(signum, frame):
+            open(os.path.join({str(tmp_path)!r}, "stopped" + os.environ["RANK"]), "w").close()
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, stopped)
+        time.sleep(120)
+    """)
+    began = time.monotonic()
+    result = run_worker_group(command, 3)
+    assert time.monotonic() - began < 30
+    assert result.codes == {0: 3, 1: 143, 2: 143}
+    assert (tmp_path / "stopped1").exists() and (tmp_path / "stopped2").exists()
+
+
+def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
+    command = _script(tmp_path, "stubborn.py", """
+        import os, signal, sys, time
+        if os.environ["RANK"] == "0":
+            time.sleep(0.5)
+            sys.exit(1)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(120)
+    """)
+    began = time.monotonic()
+    result = run_worker_group(command, 2, grace_seconds=1.0)
+    assert 1.0 <= time.monotonic() - began < 20
+    assert result.codes == {0: 1, 1: -signal.SIGKILL}
+
+
+def _launcher(tmp_path: Path, worker_body: str, nproc: int = 2) -> subprocess.Popen[str]:
+    worker = _script(tmp_path, "worker.py", worker_body)
+    code = ("import sys; from nodescale.dist.local_launch import launch_local; "
+            f"sys.exit(launch_local({worker!r}, {nproc}))")
+    return subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+WAITING_WORKER = """
+    import os, signal, sys, time
+    here = {here!r}
+    def note(signum, frame):
+        open(os.path.join(here, f"got-{{signal.Signals(signum).name}}-{{os.environ['RANK']}}"), "w").close()
+        if signum == signal.SIGTERM:
+            sys.exit(0)
+    signal.signal(signal.SIGTERM, note)
+    signal.signal(signal.SIGUSR1, note)
+    open(os.path.join(here, f"pid-{{os.getpid()}}"), "w").close()
+    time.sleep(120)
+"""
+
+
+def test_signals_to_the_launcher_reach_every_worker(tmp_path: Path) -> None:
+    launcher = _launcher(tmp_path, WAITING_WORKER.format(here=str(tmp_path)))
+    try:
+        _wait_for(tmp_path / "pid-*", count=2)
+        launcher.send_signal(signal.SIGUSR1)  # a scheduler's warning: passed on as it is
+        _wait_for(tmp_path / "got-SIGUSR1-*", count=2)
+        launcher.send_signal(signal.SIGTERM)  # a stop: the workers are told, and the launcher reports it
+        _, stderr = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM" in stderr
+    assert len(list(tmp_path.glob("got-SIGTERM-*"))) == 2
+
+
+def test_workers_do_not_outlive_a_killed_launcher(tmp_path: Path) -> None:
+    launcher = _launcher(tmp_path, WAITING_WORKER.format(here=str(tmp_path)))
+    _wait_for(tmp_path / "pid-*", count=2)
+    pids = [int(path.name.split("-")[1]) for path in tmp_path.glob("pid-*")]
+    launcher.kill()  # SIGKILL: the launcher can pass nothing on
+    launcher.wait(timeout=30)
+    _wait_for(tmp_path / "got-SIGTERM-*", count=2)  # the kernel's parent-death signal
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers; its state says it has exited.
+    status = Path(f"/proc/{pid}/stat")
+    return not (status.exists() and status.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def test_free_port_is_below_the_ephemeral_range_and_bindable(tmp_path: Path) -> None:
+    low, _ = ports.ephemeral_range()
+    port = ports.free_port("127.0.0.1")
+    assert ports.LOWEST_PORT <= port < low
+    range_file = tmp_path / "range"
+    range_file.write_text("30000\t60999\n")
+    assert ports.ephemeral_range(range_file) == (30000, 60999)
+    range_file.write_text("garbage")
+    assert ports.ephemeral_range(range_file) == (32768, 60999)
+
+
+def test_free_port_falls_back_to_the_kernel_when_nothing_below_the_range_binds(monkeypatch: pytest.MonkeyPatch) -> None:
+    low, high = ports.ephemeral_range()
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (ports.LOWEST_PORT, 60999))  # no candidate left
+    assert low <= ports.free_port("127.0.0.1") <= high  # the kernel's pick comes from its own range
+
+
+def test_gpu_driver_detection_reads_the_driver_paths(tmp_path: Path) -> None:
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the driver paths are Linux's")
+    missing = (tmp_path / "proc-driver-nvidia", tmp_path / "dev-kfd")
+    assert gpu_driver_present(missing) is False
+    missing[1].touch()
+    assert gpu_driver_present(missing) is True
