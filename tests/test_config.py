@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nodescale.cli.main import main
 from nodescale.config.load import dump_yaml, load_config
@@ -89,3 +90,17 @@ def test_yaml_unknown_section_and_wrong_type(tmp_path: Path) -> None:
     bad.write_text("- a list\n")
     with pytest.raises(UserError, match="mapping"):
         load_config(bad)
+
+
+def test_relative_input_paths_are_stored_absolute(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.yaml must name the same files when reused from another directory."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["config", "show", "--dataset", "mnist", "--data-dir", "data/mnist", "--strategy", "deepspeed",
+                 "--set", "strategy.deepspeed_config=ds.json", "--out", "runs/x"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["data"]["dir"] == str(tmp_path / "data" / "mnist")
+    assert shown["strategy"]["deepspeed_config"] == str(tmp_path / "ds.json")
+    assert shown["out"] == "runs/x"  # printed back to the user as typed
+    assert main(["config", "show", "--dataset", "mnist", "--data-dir", "/abs/mnist"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["data"]["dir"] == "/abs/mnist"

@@ -108,8 +108,8 @@ def _flag_values(args: argparse.Namespace) -> dict[str, Any]:
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
     """The validated configuration: defaults < ``--config`` file < ``--set`` < flags."""
-    from nodescale.config.load import load_config
+    from nodescale.config.load import load_config, with_absolute_inputs
 
     # Errors name the flag only for values that came from a flag, not from --set or YAML.
     typed = {key: FLAG_NAMES[key] for key in _flag_values(args)}
-    return load_config(args.config, overrides_from(args), typed)
+    return with_absolute_inputs(load_config(args.config, overrides_from(args), typed))

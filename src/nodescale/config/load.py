@@ -87,6 +87,27 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def with_absolute_inputs(cfg: RunConfig, base: Path | None = None) -> RunConfig:
+    """``cfg`` with its input paths (``data.dir``, ``strategy.deepspeed_config``) made absolute.
+
+    A relative path means the directory the command was typed in (``base``, default the
+    current one). Stored absolute in the run's config.yaml, it still names the same files when
+    the file is reused (``--config RUN/config.yaml``) or a run resumed from somewhere else.
+    The run directory (``out``) stays as given: it is printed back to the user.
+    """
+    base = base or Path.cwd()
+
+    def absolute(path: Path | None) -> Path | None:
+        return None if path is None or path.is_absolute() else base / path
+
+    updates = {}
+    if (data_dir := absolute(cfg.data.dir)) is not None:
+        updates["data"] = cfg.data.model_copy(update={"dir": data_dir})
+    if (ds_config := absolute(cfg.strategy.deepspeed_config)) is not None:
+        updates["strategy"] = cfg.strategy.model_copy(update={"deepspeed_config": ds_config})
+    return cfg.model_copy(update=updates) if updates else cfg
+
+
 def validate(tree: dict[str, Any], flag_names: Mapping[str, str]) -> RunConfig:
     """A ``RunConfig`` from a plain tree, with pydantic's errors made readable."""
     try:
