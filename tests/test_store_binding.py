@@ -2,9 +2,9 @@
 
 torch's ``TCPStore`` binds its server to every interface (``[::]``, dual-stack) whatever host
 name it is given; it listens on one address only when handed a socket already bound there
-(``master_listen_fd``). nodescale does that wherever it creates the store: the local launcher's
-two agent stores (rendezvous and the workers' shared store) on 127.0.0.1, and rank 0's store
-under srun/mpiexec on MASTER_ADDR. torchrun's own agent, started by the job scripts, still binds
+(``master_listen_fd``). nodescale does that wherever it creates the store: rank 0's store on
+127.0.0.1 in local runs (or the local launcher's store process, for scripts that are not
+nodescale's) and on MASTER_ADDR under srun/mpiexec. torchrun's own agent, started by the job scripts, still binds
 every interface; docs/security.md says how to contain it.
 
 The sockets are read from /proc (Linux only), so the tests see what the kernel sees.
@@ -141,13 +141,34 @@ def test_torchrun_agent_store_and_opt_out_are_left_to_torch(monkeypatch: pytest.
     assert _job_store(two_rank_env(0, 1), timedelta(seconds=1)) is None
 
 
+PLAIN_SCRIPT = """
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")  # torch's env://, as any script does
+t = torch.ones(1)
+dist.all_reduce(t)
+time.sleep(1)
+dist.destroy_process_group()
+"""
+
+LOCAL_COMMANDS = {
+    "train": ["train", "--nproc", "2", "--max-steps", "40", "--no-progress", "--out", "run"],
+    "doctor": ["doctor", "--nproc", "2", "--out", "doctor"],
+    "launch": ["launch", "--scheduler", "local", "--nproc-per-node", "2", "--", sys.executable, "plain.py"],
+}
+
+
 @pytest.mark.multiproc
-def test_local_training_listens_on_loopback_only(tmp_path: Path) -> None:
-    """``nodescale train --nproc 2``: while it runs, nothing in its process tree listens on every interface."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "nodescale", "train", "--nproc", "2", "--max-steps", "40", "--no-progress",
-         "--out", str(tmp_path / "run")], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+@pytest.mark.parametrize("what", sorted(LOCAL_COMMANDS))
+def test_local_runs_listen_on_loopback_only(tmp_path: Path, what: str) -> None:
+    """While a local run lasts, nothing in its process tree listens on every interface.
+
+    ``train`` and ``doctor``: rank 0 is nodescale's and binds 127.0.0.1. ``launch`` runs a
+    plain script whose ``env://`` would make its rank 0 bind every interface: the launcher's
+    store process serves the store on 127.0.0.1 instead.
+    """
+    (tmp_path / "plain.py").write_text(PLAIN_SCRIPT)
+    process = subprocess.Popen([sys.executable, "-m", "nodescale", *LOCAL_COMMANDS[what]], cwd=tmp_path,
+                               env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: set[tuple[str, int]] = set()
     try:
         while process.poll() is None:
@@ -156,8 +177,8 @@ def test_local_training_listens_on_loopback_only(tmp_path: Path) -> None:
     finally:
         output = process.communicate(timeout=120)[0]
     assert process.returncode == 0, output
-    # The two agent stores and gloo's sockets; gloo binds the address the host name resolves
-    # to (or GLOO_SOCKET_IFNAME's), never the wildcard.
+    # The store and gloo's sockets; gloo binds the address the host name resolves to (or
+    # GLOO_SOCKET_IFNAME's), never the wildcard.
     assert seen, "no listening socket seen while the run lasted"
     assert not {entry for entry in seen if entry[0] in WILDCARD}, f"listening on every interface: {seen}"
     assert {entry for entry in seen if entry[0] in LOOPBACK_HEX}, seen

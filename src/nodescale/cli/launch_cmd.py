@@ -260,4 +260,5 @@ def _run_local(spec: Any, dry_run: bool) -> int:
                             "check the spelling, or give its path") from None
     from nodescale.dist.local_launch import launch_local
 
-    return launch_local(spec.command, spec.nproc_per_node)
+    # Any script's rank 0 would serve the store on every interface: a store process serves it on loopback.
+    return launch_local(spec.command, spec.nproc_per_node, store_process=True)

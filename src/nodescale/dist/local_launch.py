@@ -77,14 +77,15 @@ def threads_per_process(nproc: int, cpus: int | None = None) -> int:
     return max(1, cpus // max(1, nproc))
 
 
-def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0) -> int:
+def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, store_process: bool = False) -> int:
     """Run ``command`` in ``nproc`` local processes, torchrun-style; return the job's exit code.
 
     When a worker fails for any reason but a user error, every worker is
     stopped and all are started again, up to ``max_restarts`` times. Exit code
     2 when every failed worker exited 2 (they printed the user error
     themselves), 1 for any other failure, 0 on success, 128 + N when signal N
-    stopped the launcher.
+    stopped the launcher. ``store_process``: see :func:`~nodescale.dist.worker_group.run_worker_group`
+    (for commands that are not nodescale's).
     """
     from nodescale.dist.worker_group import run_worker_group
 
@@ -92,7 +93,8 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0) -> i
     restart: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="nodescale-errors-") as error_dir:
         for attempt in range(max_restarts + 1):
-            result = run_worker_group(command, nproc, {ERROR_DIR_VARIABLE: error_dir, **restart})
+            result = run_worker_group(command, nproc, {ERROR_DIR_VARIABLE: error_dir, **restart},
+                                      store_process=store_process)
             if result.stopped_by is not None:
                 # SIGTERM/SIGINT to this launcher: passed on to the workers, whose stop handlers
                 # checkpoint within the grace period, and they were stopped.

@@ -135,11 +135,26 @@ def _job_store(env: DistEnv, timeout: timedelta) -> dist.Store | None:
         store: dist.Store | None = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,
                                                  timeout=timeout)
     else:
-        host = bind_address(env.master_addr, whole_job_here=env.local_world_size == env.world_size)
-        store = listening_store(host, env.master_port, env.world_size, timeout) if host is not None else None
+        store = rank0_store(env, timeout)
     # init_process_group prefixes the keys of the store it makes for env://, not of one it is given:
     # the same prefix here keeps both kinds of rank (and a server shared with the doctor) in step.
     return dist.PrefixStore("default_pg", store) if store is not None else None
+
+
+def rank0_store(env: DistEnv, timeout: timedelta, wait_for_workers: bool = True) -> dist.TCPStore | None:
+    """Rank 0's store server on MASTER_ADDR:MASTER_PORT, listening on MASTER_ADDR only.
+
+    None where torch should bind it instead (every interface): ``NODESCALE_STORE_BIND=any``,
+    a loopback MASTER_ADDR for a job that spans nodes, or an address or port that cannot be
+    bound here (the caller's own TCPStore then reports that, or joins a server this process
+    already runs on the port: stores are multi-tenant).
+    """
+    if os.environ.get(STORE_BIND_VARIABLE) == "any":
+        return None
+    host = bind_address(env.master_addr, whole_job_here=env.local_world_size == env.world_size)
+    if host is None:
+        return None
+    return listening_store(host, env.master_port, env.world_size, timeout, wait_for_workers=wait_for_workers)
 
 
 def bind_address(master_addr: str, whole_job_here: bool) -> str | None:

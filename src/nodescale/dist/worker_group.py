@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,9 +56,15 @@ class GroupResult:
 
 
 def worker_environment(
-    base: Mapping[str, str], rank: int, nproc: int, port: int, run_id: str, extra: Mapping[str, str]
+    base: Mapping[str, str], rank: int, nproc: int, port: int, run_id: str, extra: Mapping[str, str],
+    store_process: bool = False,
 ) -> dict[str, str]:
-    """The environment torchrun's agent gives local rank ``rank`` of a one-node job of ``nproc``."""
+    """The environment torchrun's agent gives local rank ``rank`` of a one-node job of ``nproc``.
+
+    ``store_process``: a store server runs beside the workers (every rank is its client, as
+    under torchrun's agent); otherwise rank 0 serves the store, as under torchrun's static
+    rendezvous.
+    """
     env = dict(base)
     env.update(extra)
     env.update({
@@ -66,8 +73,7 @@ def worker_environment(
         "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc),
         "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port),
         "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
-        # No agent hosts a store: rank 0 serves it, as under torchrun's static rendezvous.
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_USE_AGENT_STORE": str(store_process),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     })
     return env
@@ -80,14 +86,21 @@ class _Stop(Exception):
 
 
 def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str, str] | None = None,
-                     grace_seconds: float = STOP_GRACE_SECONDS) -> GroupResult:
+                     grace_seconds: float = STOP_GRACE_SECONDS, store_process: bool = False) -> GroupResult:
     """Run ``command`` as ranks 0..nproc-1 on this host; return when all have exited.
 
     Ends early when a worker fails (the others are stopped) or the launcher is told to stop.
+    ``store_process``: serve the c10d store from a process of its own on 127.0.0.1, for
+    commands whose rank 0 would serve it on every interface (any script's ``env://``); by
+    default rank 0 serves it (nodescale's own workers bind it to 127.0.0.1 themselves).
     """
-    port = free_port(LOOPBACK)
     run_id = uuid.uuid4().hex
     workers: dict[int, subprocess.Popen[bytes]] = {}
+    server: subprocess.Popen[bytes] | None = None
+    if store_process:
+        server, port = _start_store_server(nproc)
+    else:
+        port = free_port(LOOPBACK)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise _Stop(signum)
@@ -98,7 +111,7 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
     previous = _install({**{s: stop for s in STOPPING_SIGNALS}, **{s: forward for s in FORWARDED_SIGNALS}})
     try:
         for rank in range(nproc):
-            env = worker_environment(os.environ, rank, nproc, port, run_id, extra_env or {})
+            env = worker_environment(os.environ, rank, nproc, port, run_id, extra_env or {}, store_process)
             workers[rank] = subprocess.Popen(list(command), env=env, start_new_session=True,
                                              preexec_fn=_die_with_parent)
         codes = _wait_for_all_or_a_failure(workers)
@@ -114,6 +127,20 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
     finally:
         _install(previous)
         _stop_workers(workers, signal.SIGKILL, 0.0)  # none should be left; if one is, it must not outlive us
+        if server is not None:
+            _stop_workers({-1: server}, signal.SIGTERM, 10.0)
+
+
+def _start_store_server(nproc: int) -> tuple[subprocess.Popen[bytes], int]:
+    """A store server process on a socket bound here to 127.0.0.1 (held, so no other program takes the port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((LOOPBACK, 0))
+        listener.listen(socket.SOMAXCONN)
+        fd = listener.fileno()
+        server = subprocess.Popen([sys.executable, "-m", "nodescale.dist.store_server", str(fd), str(nproc)],
+                                  pass_fds=(fd,), start_new_session=True, preexec_fn=_die_with_parent)
+        return server, int(listener.getsockname()[1])
 
 
 def _wait_for_all_or_a_failure(workers: dict[int, subprocess.Popen[bytes]],

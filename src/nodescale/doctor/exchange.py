@@ -129,9 +129,13 @@ def connect(env: DistEnv, timeout_s: float, environ: Mapping[str, str] | None = 
             prefix = f"{KEY_PREFIX}/{run}"
         else:
             # wait_for_workers=False: rank 0 must not block here until everyone connects; it
-            # waits in gather() instead, where it can name who is missing.
-            store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=listening,
-                                  timeout=timeout, wait_for_workers=False, multi_tenant=True)
+            # waits in gather() instead, where it can name who is missing. Rank 0 listens on
+            # MASTER_ADDR only where it can (see docs/security.md), as training's store does.
+            from nodescale.dist.process_group import rank0_store
+
+            own = rank0_store(env, timeout, wait_for_workers=False) if listening else None
+            store = own or dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=listening,
+                                         timeout=timeout, wait_for_workers=False, multi_tenant=True)
             prefix = KEY_PREFIX
     except Exception as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
