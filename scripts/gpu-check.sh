@@ -2,8 +2,9 @@
 # On a GPU machine (never in CI): the CUDA tests, then the single-GPU throughput benchmark.
 #
 #   bash scripts/gpu-wheels.sh                    # here, once: wheels the bare GPU image lacks
-#   bash scripts/gpu-check.sh tests|bench|all     # there, with .whl carried along
+#   bash scripts/gpu-check.sh tests|bench|all [throughput.py flags]   # there, with .whl carried
 #
+# One device call runs at most 10 minutes: run `tests` and `bench` in separate calls there.
 # Results (JUnit XML, logs, benchmark JSON) go to $OUT when it is set (the device tool's
 # folder that comes back), else to ./gpu-check-out.
 set -uo pipefail
@@ -26,7 +27,7 @@ if [[ "$what" == tests || "$what" == all ]]; then
     status=${PIPESTATUS[0]}
 fi
 if [[ "$what" == bench || "$what" == all ]]; then
-    python3 benchmarks/throughput.py --out "$out" 2>&1 | tee "$out/throughput.log"
+    python3 benchmarks/throughput.py --out "$out/throughput.json" "${@:2}" 2>&1 | tee "$out/throughput.log"
     (( status == 0 )) && status=${PIPESTATUS[0]}
 fi
 exit "$status"
