@@ -1,6 +1,6 @@
 """The GPU fast path on a real CUDA device: NCCL, bf16/fp16, channels_last, torch.compile,
-the allocator's memory figures, NVML samples, CUDA kernels in the profiler, and no host
-synchronisation inside the training step.
+TF32 and cuDNN autotuning, resident and pinned batches, the allocator's memory figures, NVML
+samples, CUDA kernels in the profiler, and no host synchronisation inside the training step.
 
 Skipped without CUDA (see conftest.py); ``scripts/gpu-check.sh`` runs them on a GPU machine.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,78 @@ def test_profiler_records_cuda_kernels(tmp_path: Path) -> None:
     trace = json.loads((tmp_path / "profiled" / "profile" / "rank0.trace.json").read_text())
     categories = {event.get("cat") for event in trace["traceEvents"]}
     assert "kernel" in categories, sorted(c for c in categories if c)
+
+
+@pytest.fixture
+def restored_math_flags() -> Iterator[None]:
+    """In-process runs set process-wide flags: put them back for the tests after."""
+    benchmark, cudnn_tf32, matmul_precision = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32,
+                                               torch.get_float32_matmul_precision())
+    yield
+    torch.backends.cudnn.benchmark = benchmark
+    torch.backends.cudnn.allow_tf32 = cudnn_tf32
+    torch.set_float32_matmul_precision(matmul_precision)
+
+
+def _math_flags_after_run(tmp_path: Path, name: str, *flags: str) -> tuple[bool, bool, bool]:
+    """matmul TF32, cuDNN TF32 and cuDNN autotuning as a whole in-process run of ``flags`` left them."""
+    from nodescale.cli.main import build_parser
+    from nodescale.cli.run_flags import resolve_config
+    from nodescale.train.run import run_training
+
+    args = build_parser().parse_args([
+        "train", "--model", "cnn", "--dataset", "digits", "--epochs", "1", "--max-steps", "3", "--batch-size", "16",
+        "--no-progress", "--set", "checkpoint.at_end=false", "--out", str(tmp_path / name), *flags,
+    ])
+    run_training(resolve_config(args))
+    return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+
+
+def test_tf32_and_cudnn_benchmark_reach_the_worker(tmp_path: Path, restored_math_flags: None) -> None:
+    torch.backends.cudnn.benchmark = False
+    torch.set_float32_matmul_precision("highest")
+    assert _math_flags_after_run(tmp_path, "tf32", "--tf32") == (True, True, True)
+    assert _math_flags_after_run(tmp_path, "strict", "--set", "train.tf32=false",
+                                 "--set", "train.cudnn_benchmark=false") == (False, False, False)
+
+
+def test_resident_channels_last_batches_are_cut_without_a_copy() -> None:
+    from nodescale.data.arrays import ArrayDataset
+    from nodescale.data.loader import StepLoader
+    from nodescale.data.sharding import ShardPlan
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    dataset = ArrayDataset(torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8), torch.arange(64) % 10,
+                           scale=255.0, mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
+    plan = ShardPlan(len(dataset), 1, 0, 16, seed=0, shuffle=True)
+    loader = StepLoader(dataset, plan, cuda, channels_last=True)
+    resident = loader.dataset
+    assert isinstance(resident, ArrayDataset) and resident.x.is_cuda
+    assert resident.x.is_contiguous(memory_format=torch.channels_last)
+    for step in plan.batches(0):
+        x, y = resident.get_batch(step.indices.to(cuda), cuda)
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        assert loader._with_weights(x, y, step).x.data_ptr() == x.data_ptr()
+        torch.testing.assert_close(x.cpu(), dataset.get_batch(step.indices, cpu)[0])
+    for batch, step in zip(loader.epoch(0), plan.batches(0), strict=True):
+        torch.testing.assert_close(batch.x.cpu(), dataset.get_batch(step.indices, cpu)[0])
+
+
+def test_host_batches_reach_the_gpu_intact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dataset too big to be resident: batches are cut on the host, pinned and copied without blocking."""
+    from nodescale.data import loader as loader_module
+    from nodescale.data.arrays import ArrayDataset
+    from nodescale.data.sharding import ShardPlan
+
+    monkeypatch.setattr(loader_module, "RESIDENT_BYTES", 0)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    dataset = ArrayDataset(torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8), torch.arange(64) % 10,
+                           scale=255.0, mean=(0.5,), std=(0.25,))
+    plan = ShardPlan(len(dataset), 1, 0, 16, seed=0, shuffle=True)
+    loader = loader_module.StepLoader(dataset, plan, cuda)
+    assert loader.dataset.x.device == cpu
+    for batch, step in zip(loader.epoch(0), plan.batches(0), strict=True):
+        assert batch.x.is_cuda and batch.y.is_cuda
+        expected_x, expected_y = dataset.get_batch(step.indices, cpu)
+        torch.testing.assert_close(batch.x.cpu(), expected_x)
+        assert torch.equal(batch.y.cpu(), expected_y)

@@ -60,6 +60,8 @@ FLAGS = (
     Flag("--sync-batchnorm", "strategy.sync_batchnorm", switch=True),
     Flag("--compile", "train.compile", switch=True),
     Flag("--channels-last", "train.channels_last", switch=True),
+    Flag("--tf32", "train.tf32", switch=True,
+         help="TF32 tensor cores for float32 matmuls and convolutions on CUDA (--set train.tf32=false: strict fp32)"),
     Flag("--activation-checkpointing", "train.activation_checkpointing", switch=True),
     Flag("--resume", "checkpoint.resume", switch=True),
     Flag("--monitor", "observe.monitor", switch=True),

@@ -90,6 +90,14 @@ class TrainSection(Section):
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast precision")
     compile: bool = Field(False, description="torch.compile the model")
     channels_last: bool = Field(False, description="channels_last memory format for image models")
+    cudnn_benchmark: bool = Field(
+        True, description="let cuDNN time its convolution algorithms for the (fixed) batch shapes and keep the "
+        "fastest (CUDA only)"
+    )
+    tf32: bool | None = Field(
+        None, description="TF32 tensor cores for float32 matmuls and convolutions (CUDA only): true for both, "
+        "false for neither (strict fp32), null: torch's defaults (convolutions only)"
+    )
     log_every: int = Field(10, ge=1, description="optimiser steps between metric reductions and log lines")
     timing_warmup_steps: int = Field(
         5, ge=0, description="optimiser steps excluded from throughput and step-time figures"

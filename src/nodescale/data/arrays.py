@@ -39,6 +39,8 @@ class ArrayDataset(Dataset):
         self.scale = float(scale)
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
+        # Mean 0 and std 1 (synthetic data, float already): nothing to subtract or divide per batch.
+        self._standardise = any(m != 0.0 for m in self.mean) or any(s != 1.0 for s in self.std)
         self._stats: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -53,14 +55,16 @@ class ArrayDataset(Dataset):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The samples at ``indices``, normalised, as float32 on ``device``."""
         indices = indices.to(self.x.device)
-        x = self.x[indices].to(device, non_blocking=True)
-        y = self.y[indices].to(device, non_blocking=True)
+        x = _copy_to(self.x[indices], device)
+        y = _copy_to(self.y[indices], device)
         return self._normalise(x), y
 
     def _normalise(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
         if self.scale != 1.0:
             x = x / self.scale
+        if not self._standardise:
+            return x
         mean, std = self._stats_for(x)
         return (x - mean) / std
 
@@ -78,6 +82,24 @@ class ArrayDataset(Dataset):
     def nbytes(self) -> int:
         return self.x.numel() * self.x.element_size() + self.y.numel() * self.y.element_size()
 
-    def to(self, device: torch.device) -> ArrayDataset:
-        """The same samples with their tensors on ``device`` (batches are then cut there)."""
-        return ArrayDataset(self.x.to(device), self.y.to(device), scale=self.scale, mean=self.mean, std=self.std)
+    def to(self, device: torch.device, channels_last: bool = False) -> ArrayDataset:
+        """The same samples with their tensors on ``device`` (batches are then cut there).
+
+        With ``channels_last``, 4-D inputs are stored channels_last once: a batch indexed from
+        them and normalised keeps that layout, so no batch needs a conversion copy.
+        """
+        x = self.x
+        if channels_last and x.dim() == 4:  # converted before the copy, which keeps the layout
+            x = x.contiguous(memory_format=torch.channels_last)
+        return ArrayDataset(x.to(device), self.y.to(device), scale=self.scale, mean=self.mean, std=self.std)
+
+
+def _copy_to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``; a host batch bound for CUDA is pinned first, so the copy does not block the host.
+
+    A non-blocking copy from pageable memory is staged by the driver and waits for it; from
+    pinned memory it is queued and returns at once (torch keeps the pinned block until it is done).
+    """
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)

@@ -48,7 +48,8 @@ class StepLoader:
         self.device = device
         self.channels_last = channels_last
         if isinstance(dataset, ArrayDataset) and device.type != "cpu" and dataset.nbytes <= RESIDENT_BYTES:
-            dataset = dataset.to(device)
+            # Stored channels_last once: the per-batch conversion below is then a no-op.
+            dataset = dataset.to(device, channels_last=channels_last)
         self.dataset = dataset
         self._ones: dict[int, torch.Tensor] = {}  # full batches' weights, made on the device once
         self._sampler = _PlannedBatches()
@@ -91,7 +92,7 @@ class StepLoader:
             weights = self._ones[size]
         else:
             weights = batch.weights.to(self.device, non_blocking=True)
-        if self.channels_last and x.dim() == 4:
+        if self.channels_last and x.dim() == 4:  # a copy only for batches not cut from a channels_last store
             x = x.contiguous(memory_format=torch.channels_last)
         return DeviceBatch(x, y, weights, batch.global_count, real)
 

@@ -33,6 +33,7 @@ from nodescale.models.registry import build_model
 from nodescale.observe.loggers import make_sinks
 from nodescale.strategies import make_strategy
 from nodescale.train import checkpoint
+from nodescale.train.backends import configure_math
 from nodescale.train.collective_faults import CollectiveFault, explain
 from nodescale.train.console import Console
 from nodescale.train.metrics_log import MetricsLog
@@ -134,6 +135,7 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float, stop
     metrics = MetricsLog(run_dir / "metrics.jsonl", runtime.is_main, sinks)
     observers = Observers(cfg, runtime, run_dir)
     with _closed_on_failure(metrics, observers):
+        configure_math(cfg.train, runtime.device)  # cuDNN autotuning and TF32, before any model exists
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         random.seed(cfg.train.seed)
         data_format = get_format(cfg.data.name)
