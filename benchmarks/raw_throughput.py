@@ -89,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     parser.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
-                        help="leave torch.backends.cudnn.benchmark off (torch's default; nodescale leaves it off)")
+                        help="leave torch.backends.cudnn.benchmark off (torch's default; nodescale turns it on)")
     parser.add_argument("--pool-batches", type=int, default=4, help="distinct synthetic batches cycled through")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:N or cpu")
     parser.add_argument("--seed", type=int, default=0)

@@ -726,7 +726,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="who builds the raw side's model (default auto: torchvision if importable); "
                              "nodescale: the same model code on both sides, so only the loops differ")
     parser.add_argument("--no-raw-cudnn-benchmark", dest="raw_cudnn_benchmark", action="store_false",
-                        help="leave cudnn.benchmark off on the raw side too, as nodescale does")
+                        help="leave cudnn.benchmark off on the raw side (nodescale: train.cudnn_benchmark)")
     parser.add_argument("--raw-pool-batches", type=int, default=4, help="distinct batches the raw loop cycles")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of both sides (default: inherit)")
     parser.add_argument("--budget-s", type=float, default=540.0,
