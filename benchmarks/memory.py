@@ -52,7 +52,7 @@ from rich.table import Table
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from overhead import child_env  # noqa: E402
-from record import stamp, wide_console, write_results  # noqa: E402
+from record import cpu_model, stamp, wide_console, write_results  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "memory.json"
 DEFAULT_MODELS = ("resnet18", "vit_small")
@@ -203,14 +203,7 @@ def results_table(rows: list[dict[str, Any]], nproc: int, precision: str) -> Tab
 def machine() -> dict[str, Any]:
     import torch  # versions only; the runs import it themselves
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     from importlib.metadata import PackageNotFoundError, version
 
     try:

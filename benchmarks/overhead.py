@@ -41,7 +41,7 @@ from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from record import stamp, wide_console, write_results  # noqa: E402
+from record import cpu_model, stamp, wide_console, write_results  # noqa: E402
 
 RAW_SCRIPT = HERE / "raw_ddp.py"
 DEFAULT_OUT = HERE / "results" / "overhead.json"
@@ -257,14 +257,7 @@ def results_table(summaries: list[dict[str, Any]], nproc: int, threads: int) -> 
 def machine() -> dict[str, Any]:
     import torch  # only for its version; the children import it themselves
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu": cpu,

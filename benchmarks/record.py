@@ -29,6 +29,17 @@ def stamp() -> dict[str, str]:
     }
 
 
+def cpu_model() -> str:
+    """The processor's name as Linux reports it ("unknown" elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def write_results(out: Path, record: dict[str, Any], console: Console) -> None:
     """Write the results JSON atomically (a killed benchmark leaves the previous file whole) and say where."""
     write_json_atomic(out, record)

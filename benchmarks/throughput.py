@@ -50,7 +50,7 @@ SRC = REPO / "src"
 # The working tree's nodescale, whatever is installed: that is the code being measured.
 sys.path.insert(0, str(SRC))
 sys.path.insert(0, str(HERE))
-from record import stamp, wide_console, write_results  # noqa: E402
+from record import cpu_model, stamp, wide_console, write_results  # noqa: E402
 
 from nodescale.atomic_files import write_json_atomic  # noqa: E402
 
@@ -606,14 +606,7 @@ def results_table(summaries: list[dict[str, Any]], reference: dict[str, Any] | N
 def machine_info(device: str) -> dict[str, Any]:
     import torch
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     info: dict[str, Any] = {
         "device": device,
         "cpu": cpu,
