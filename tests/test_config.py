@@ -54,6 +54,8 @@ def test_show_output_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (["--nproc", "many"], ["nproc 'many'", "whole number"]),
         (["--strategy", "single", "--nproc", "2"], ["one process", "--strategy ddp"]),
         (["--strategy", "single", "--sync-batchnorm"], ["sync_batchnorm", "--strategy ddp"]),
+        (["--strategy", "ddp", "--sharding", "full"], ["--sharding full", "applies to --strategy fsdp"]),
+        (["--strategy", "ddp", "--sharding", "grad-op"], ["grad-op", "applies to --strategy fsdp"]),
         (["--model", "toy"], ["regression", "regression"]),
         (["--dataset", "mnist"], ["needs the location", "--data-dir"]),
         (["--resume"], ["--resume", "--out"]),

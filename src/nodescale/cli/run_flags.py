@@ -13,6 +13,7 @@ from typing import Any
 
 from nodescale.config.load import parse_assignment
 from nodescale.config.schema import RunConfig
+from nodescale.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -114,4 +115,13 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 
     # Errors name the flag only for values that came from a flag, not from --set or YAML.
     typed = {key: FLAG_NAMES[key] for key in _flag_values(args)}
-    return with_absolute_inputs(load_config(args.config, overrides_from(args), typed))
+    cfg = load_config(args.config, overrides_from(args), typed)
+    _refuse_typed_sharding_without_fsdp(cfg, typed)
+    return with_absolute_inputs(cfg)
+
+
+def _refuse_typed_sharding_without_fsdp(cfg: RunConfig, typed: dict[str, str]) -> None:
+    """``--sharding full`` with another strategy: the schema cannot tell it from the default, the flag can."""
+    if "strategy.sharding" in typed and cfg.strategy.name != "fsdp":
+        raise UserError(f"--sharding {cfg.strategy.sharding} with strategy {cfg.strategy.name!r}",
+                        "--sharding applies to --strategy fsdp", "use --strategy fsdp, or drop --sharding")
