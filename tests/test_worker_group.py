@@ -204,3 +204,36 @@ def test_gpu_driver_detection_reads_the_driver_paths(tmp_path: Path) -> None:
     assert gpu_driver_present(missing) is False
     missing[1].touch()
     assert gpu_driver_present(missing) is True
+
+
+def test_the_failure_named_is_the_first_one_not_its_consequences() -> None:
+    from nodescale.dist.local_launch import describe_failure
+
+    # Rank 1 killed by the OOM killer; rank 0 lost its peer and exited 1 a moment later.
+    assert describe_failure({0: 1, 1: -9}) == "rank 1 exited with -9 (SIGKILL)"
+    # A deliberate exit code (4: the watchdog's hang report) is kept beside the crash.
+    assert describe_failure({0: 4, 1: -9}) == "rank 0 exited with 4, rank 1 exited with -9 (SIGKILL)"
+    # Rank 0 failed by itself; rank 1 ignored the launcher's SIGTERM and got its SIGKILL.
+    assert describe_failure({0: 1, 1: -9}, stopped={1}) == "rank 0 exited with 1"
+    # Two ranks failed by themselves: both named; the stopped ones only when nothing else failed.
+    assert describe_failure({0: 1, 1: 1, 2: -15}, stopped={2}) == "rank 0 exited with 1, rank 1 exited with 1"
+    assert describe_failure({0: -15, 1: -15}, stopped={0, 1}) == "rank 0 exited with -15 (SIGTERM), " \
+                                                                 "rank 1 exited with -15 (SIGTERM)"
+
+
+def test_every_worker_that_ended_is_reported_with_the_failure() -> None:
+    """Workers found ended at the same poll: all their codes come back, so the first failure can be told."""
+    from nodescale.dist.worker_group import _wait_for_all_or_a_failure
+
+    workers = {
+        0: subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"]),
+        1: subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]),
+        2: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]),
+    }
+    try:
+        workers[0].wait(timeout=30)
+        workers[1].wait(timeout=30)
+        assert _wait_for_all_or_a_failure(workers) == {0: 1, 1: -signal.SIGKILL}
+    finally:
+        workers[2].kill()
+        workers[2].wait()

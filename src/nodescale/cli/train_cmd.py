@@ -44,9 +44,13 @@ def run(args: argparse.Namespace) -> int:
             warnings.warn(f"--nproc ignored: {env.source} started {env.world_size} processes", stacklevel=1)
         if env.rank == 0:
             _warn_about_restarts_under_a_launcher(cfg, env.source)
+        from nodescale.train.collective_faults import LeftAfterCollectiveFault, end_process_now
         from nodescale.train.run import run_training
 
-        run_training(cfg, env)
+        try:
+            run_training(cfg, env)
+        except LeftAfterCollectiveFault as exc:
+            end_process_now(int(exc.code or 1))
         return 0
     return _run_here(cfg)
 

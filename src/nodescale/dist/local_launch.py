@@ -18,7 +18,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,7 +111,7 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
                 code == EXIT_USER_ERROR or code < 0 for code in codes.values()
             ):
                 return EXIT_USER_ERROR
-            reason = describe_failure(codes)
+            reason = describe_failure(codes, result.stopped)
             # Ranks that stopped on an agreed stop signal (preemption) were asked to stop, not
             # broken: the job script requeues on this code, so it is passed on as it is.
             # (The others are ended with SIGTERM once the first has exited; by then they have
@@ -133,13 +133,18 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
     return 1  # not reached: every attempt returns
 
 
-def describe_failure(codes: dict[int, int]) -> str:
-    """``rank 1 exited with -9 (SIGKILL)``: the ranks that failed first, not those stopped after them.
+def describe_failure(codes: dict[int, int], stopped: Collection[int] = ()) -> str:
+    """``rank 1 exited with -9 (SIGKILL)``: the ranks that failed first, not those that followed.
 
-    Once one worker fails the others are ended with SIGTERM (by nodescale's launcher as by
-    torchrun's agent); they are named only when nothing else failed.
+    Once one worker fails the others are ended (``stopped``: by nodescale's launcher; a
+    SIGTERM under torchrun's agent), and a rank whose peer died fails on its own a moment
+    later with the generic exit code 1 ("lost its connection"). So where a rank was ended by a
+    signal nobody here sent (a SIGKILL from the OOM killer, a segfault), the ranks that exited
+    1 are left out; the ranks the launcher stopped are named only when nothing else failed.
     """
-    first = {rank: code for rank, code in codes.items() if code != -signal.SIGTERM} or codes
+    own = {rank: code for rank, code in codes.items() if rank not in stopped and code != -signal.SIGTERM} or codes
+    crashed = any(code < 0 for code in own.values())
+    first = {rank: code for rank, code in own.items() if code != 1} if crashed else own
     parts = []
     for rank, code in sorted(first.items()):
         text = f"rank {rank} exited with {code}"

@@ -48,6 +48,7 @@ class GroupResult:
 
     codes: dict[int, int]  # each rank's exit code; negative: ended by that signal
     stopped_by: signal.Signals | None = None  # a stop signal to the launcher ended the group
+    stopped: frozenset[int] = frozenset()  # ranks the launcher itself ended (after a failure or a stop signal)
 
     @property
     def failures(self) -> dict[int, int]:
@@ -115,15 +116,14 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
             workers[rank] = subprocess.Popen(list(command), env=env, start_new_session=True,
                                              preexec_fn=_die_with_parent)
         codes = _wait_for_all_or_a_failure(workers)
-        if any(codes.values()):
-            codes.update(_stop_workers(workers, signal.SIGTERM, grace_seconds))
-        return GroupResult(codes)
+        stopped = _stop_workers(workers, signal.SIGTERM, grace_seconds) if any(codes.values()) else {}
+        return GroupResult({**codes, **stopped}, stopped=frozenset(stopped))
     except _Stop as request:
         # A second stop signal while the workers finish must not interrupt the wait for them.
         _install({s: signal.SIG_IGN for s in STOPPING_SIGNALS})
         codes = {rank: worker.returncode for rank, worker in workers.items() if worker.returncode is not None}
-        codes.update(_stop_workers(workers, signal.Signals(request.signum), grace_seconds))
-        return GroupResult(codes, signal.Signals(request.signum))
+        stopped = _stop_workers(workers, signal.Signals(request.signum), grace_seconds)
+        return GroupResult({**codes, **stopped}, signal.Signals(request.signum), frozenset(stopped))
     finally:
         _install(previous)
         _stop_workers(workers, signal.SIGKILL, 0.0)  # none should be left; if one is, it must not outlive us
@@ -152,12 +152,13 @@ def _wait_for_all_or_a_failure(workers: dict[int, subprocess.Popen[bytes]],
     """
     codes: dict[int, int] = {}
     while len(codes) < len(workers):
+        # Every worker that has ended by now counts, not only the first failed one found: when
+        # one is killed, the others fail moments later, and all are needed to tell which was first.
         for rank, worker in workers.items():
-            if rank in codes or worker.poll() is None:
-                continue
-            codes[rank] = int(worker.returncode)
-            if worker.returncode != 0:
-                return codes
+            if rank not in codes and worker.poll() is not None:
+                codes[rank] = int(worker.returncode)
+        if any(codes.values()):
+            return codes
         if len(codes) < len(workers):
             time.sleep(poll_seconds)  # a stop signal's handler raises out of the sleep
     return codes

@@ -10,9 +10,12 @@ own watchdog thread, which ends the process before Python sees an exception.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 from nodescale.train.stop_signals import EXIT_HANG
 
@@ -30,6 +33,27 @@ class CollectiveFault(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class LeftAfterCollectiveFault(SystemExit):
+    """``run_training`` reported a :class:`CollectiveFault` and left the group: end the process with ``code``.
+
+    A library caller may catch it like any SystemExit; a process entry point calls
+    :func:`end_process_now` instead of returning.
+    """
+
+
+def end_process_now(code: int) -> NoReturn:
+    """Exit with ``code`` without the interpreter's teardown, after flushing the output.
+
+    After a peer vanished mid-collective, destroying gloo's pairs and a c10d store that still
+    has the lost peer's connection can hit ``std::terminate`` at interpreter exit, turning exit
+    code 4 into SIGABRT. Nothing is left to save by then: the run's files were closed when the
+    fault was reported.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def classify(exc: BaseException) -> str | None:

@@ -34,7 +34,7 @@ from nodescale.observe.loggers import make_sinks
 from nodescale.strategies import make_strategy
 from nodescale.train import checkpoint
 from nodescale.train.backends import configure_math
-from nodescale.train.collective_faults import CollectiveFault, explain
+from nodescale.train.collective_faults import CollectiveFault, LeftAfterCollectiveFault, explain
 from nodescale.train.console import Console
 from nodescale.train.metrics_log import MetricsLog
 from nodescale.train.observers import Observers
@@ -75,7 +75,7 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
         abandon(runtime)
         if isinstance(exc, CollectiveFault):  # another rank's fault: say so, without this rank's traceback
             print(exc.message, file=sys.stderr, flush=True)
-            raise SystemExit(exc.exit_code) from None
+            raise LeftAfterCollectiveFault(exc.exit_code) from None
         raise
     stop.close()
     if watchdog is not None:
