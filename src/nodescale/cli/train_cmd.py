@@ -44,13 +44,9 @@ def run(args: argparse.Namespace) -> int:
             warnings.warn(f"--nproc ignored: {env.source} started {env.world_size} processes", stacklevel=1)
         if env.rank == 0:
             _warn_about_restarts_under_a_launcher(cfg, env.source)
-        from nodescale.train.collective_faults import LeftAfterCollectiveFault, end_process_now
-        from nodescale.train.run import run_training
+        from nodescale.train.run import run_training_as_worker
 
-        try:
-            run_training(cfg, env)
-        except LeftAfterCollectiveFault as exc:
-            end_process_now(int(exc.code or 1))
+        run_training_as_worker(cfg, env)
         return 0
     return _run_here(cfg)
 

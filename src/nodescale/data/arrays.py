@@ -55,8 +55,8 @@ class ArrayDataset(Dataset):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The samples at ``indices``, normalised, as float32 on ``device``."""
         indices = indices.to(self.x.device)
-        x = _copy_to(self.x[indices], device)
-        y = _copy_to(self.y[indices], device)
+        x = copy_to_device(self.x[indices], device)
+        y = copy_to_device(self.y[indices], device)
         return self._normalise(x), y
 
     def _normalise(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +94,7 @@ class ArrayDataset(Dataset):
         return ArrayDataset(x.to(device), self.y.to(device), scale=self.scale, mean=self.mean, std=self.std)
 
 
-def _copy_to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def copy_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device``; a host batch bound for CUDA is pinned first, so the copy does not block the host.
 
     A non-blocking copy from pageable memory is staged by the driver and waits for it; from

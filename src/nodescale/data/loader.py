@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from nodescale.data.arrays import ArrayDataset
+from nodescale.data.arrays import ArrayDataset, copy_to_device
 from nodescale.data.sharding import Batch, ShardPlan
 
 # Datasets up to this size are moved to the accelerator once, so batches are
@@ -91,7 +91,7 @@ class StepLoader:
                 self._ones[size] = torch.ones(size, device=self.device)
             weights = self._ones[size]
         else:
-            weights = batch.weights.to(self.device, non_blocking=True)
+            weights = copy_to_device(batch.weights, self.device)
         if self.channels_last and x.dim() == 4:  # a copy only for batches not cut from a channels_last store
             x = x.contiguous(memory_format=torch.channels_last)
         return DeviceBatch(x, y, weights, batch.global_count, real)
@@ -106,10 +106,7 @@ def _indices_on(device: torch.device, batches: list[Batch]) -> list[torch.Tensor
     """
     if device.type == "cpu" or not batches:
         return [batch.indices for batch in batches]
-    flat = torch.cat([batch.indices for batch in batches])
-    if device.type == "cuda":
-        flat = flat.pin_memory()
-    on_device = flat.to(device, non_blocking=True)
+    on_device = copy_to_device(torch.cat([batch.indices for batch in batches]), device)
     return list(on_device.split([len(batch.indices) for batch in batches]))
 
 

@@ -1,4 +1,5 @@
-"""A free TCP port for a local job's rendezvous, chosen where other programs do not take ports.
+"""A free TCP port for a local job's rendezvous, chosen where other programs do not take ports,
+and the listening socket a c10d store is handed (torch-free: the local launcher uses both).
 
 The launcher picks the port and rank 0 binds it a second or two later, once it has imported
 torch. A port the kernel hands out on its own (``bind(0)``, every outgoing connection) comes
@@ -41,6 +42,22 @@ def free_port(host: str, attempts: int = 50) -> int:
     with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: the kernel picks) and listening; OSError if it cannot bind.
+
+    Handed to a ``TCPStore`` (``master_listen_fd``), it makes the store listen on ``host`` only.
+    """
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch does: restarts reuse the port
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _can_bind(host: str, port: int) -> bool:

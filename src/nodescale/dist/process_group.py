@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from nodescale.dist.env import DistEnv
+from nodescale.dist.ports import listening_socket
 
 log = logging.getLogger(__name__)
 
@@ -185,14 +186,9 @@ def listening_store(host: str, port: int, world_size: int | None, timeout: timed
     on that socket instead. Multi-tenant: another ``TCPStore(host, port, is_master=True,
     multi_tenant=True)`` in this process (torch's c10d rendezvous backend) shares the server.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch does: restarts reuse the port
-        sock.bind((host, port))
-        sock.listen(socket.SOMAXCONN)
+        sock = listening_socket(host, port)
     except OSError as exc:
-        sock.close()
         log.debug("could not listen on %s:%d (%s); torch binds the store itself", host, port, exc)
         return None
     bound_port = sock.getsockname()[1]

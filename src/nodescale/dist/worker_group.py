@@ -23,7 +23,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from types import FrameType
 
 from nodescale.dist.env import LOOPBACK
-from nodescale.dist.ports import free_port
+from nodescale.dist.ports import free_port, listening_socket
 
 # How long a worker told to stop may take (to write its checkpoint) before it is killed: torch's agent's figure.
 STOP_GRACE_SECONDS = 30.0
@@ -133,10 +132,7 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
 
 def _start_store_server(nproc: int) -> tuple[subprocess.Popen[bytes], int]:
     """A store server process on a socket bound here to 127.0.0.1 (held, so no other program takes the port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((LOOPBACK, 0))
-        listener.listen(socket.SOMAXCONN)
+    with listening_socket(LOOPBACK, 0) as listener:
         fd = listener.fileno()
         server = subprocess.Popen([sys.executable, "-m", "nodescale.dist.store_server", str(fd), str(nproc)],
                                   pass_fds=(fd,), start_new_session=True, preexec_fn=_die_with_parent)

@@ -34,7 +34,7 @@ from nodescale.observe.loggers import make_sinks
 from nodescale.strategies import make_strategy
 from nodescale.train import checkpoint
 from nodescale.train.backends import configure_math
-from nodescale.train.collective_faults import CollectiveFault, LeftAfterCollectiveFault, explain
+from nodescale.train.collective_faults import CollectiveFault, LeftAfterCollectiveFault, end_process_now, explain
 from nodescale.train.console import Console
 from nodescale.train.metrics_log import MetricsLog
 from nodescale.train.observers import Observers
@@ -84,6 +84,19 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
     if summary.get("stopped_by"):
         raise SystemExit(summary["exit_code"])
     return summary
+
+
+def run_training_as_worker(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
+    """:func:`run_training` in a process that exists for this run alone (a launcher's worker).
+
+    After a collective fault it ends the process at once with the fault's exit code
+    (:func:`~nodescale.train.collective_faults.end_process_now`); a library caller of
+    :func:`run_training` gets :class:`LeftAfterCollectiveFault` instead.
+    """
+    try:
+        return run_training(cfg, env)
+    except LeftAfterCollectiveFault as exc:
+        end_process_now(int(exc.code or 1))
 
 
 def _start_watchdog(cfg: RunConfig, runtime: Runtime) -> Watchdog | None:

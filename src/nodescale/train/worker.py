@@ -16,13 +16,10 @@ from nodescale.errors import EXIT_USER_ERROR, UserError
 
 def main(argv: list[str]) -> int:
     from nodescale.config.load import load_config
-    from nodescale.train.collective_faults import LeftAfterCollectiveFault, end_process_now
-    from nodescale.train.run import run_training
+    from nodescale.train.run import run_training_as_worker
 
     try:
-        run_training(load_config(argv[0]))
-    except LeftAfterCollectiveFault as exc:
-        end_process_now(int(exc.code or 1))
+        run_training_as_worker(load_config(argv[0]))
     except UserError as exc:
         if not hand_over_user_error(str(exc)):  # the local launcher prints each distinct error once
             print(f"nodescale: error (rank {os.environ.get('RANK', '0')}): {exc}", file=sys.stderr)
