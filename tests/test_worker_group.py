@@ -237,3 +237,13 @@ def test_every_worker_that_ended_is_reported_with_the_failure() -> None:
     finally:
         workers[2].kill()
         workers[2].wait()
+
+
+def test_a_missing_program_is_a_user_error(tmp_path: Path) -> None:
+    """``launch --scheduler local -- no-such-program``: exit 2 with the rule and a hint, no traceback, nothing left."""
+    result = subprocess.run([sys.executable, "-m", "nodescale", "launch", "--scheduler", "local", "--nproc-per-node",
+                             "2", "--", "no-such-program-here"], cwd=tmp_path, env=cli_env(), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "'no-such-program-here': is not a program on PATH" in result.stderr and "hint:" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -51,3 +51,8 @@ def unknown_choice(kind: str, value: str, choices: Iterable[str]) -> UserError:
     guess = did_you_mean(value, options)
     hint = f"did you mean {guess!r}?" if guess else f"choose one of: {', '.join(options)}"
     return UserError(f"{kind} {value!r}", f"not one of {', '.join(options)}", hint)
+
+
+def program_not_found(program: str) -> UserError:
+    """The error for a command whose program cannot be started (no such file on PATH)."""
+    return UserError(f"command {program!r}", "is not a program on PATH", "check the spelling, or give its path")

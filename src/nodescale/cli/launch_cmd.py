@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from nodescale.errors import UserError
+from nodescale.errors import UserError, program_not_found
 from nodescale.launch.shell import safe_job_name
 
 DEFAULT_PRESET = {"slurm": "generic-slurm", "pbs": "generic-pbs"}
@@ -256,8 +256,7 @@ def _run_local(spec: Any, dry_run: bool) -> int:
         try:
             return subprocess.call(spec.command)
         except FileNotFoundError:
-            raise UserError(f"command {spec.command[0]!r}", "is not a program on PATH",
-                            "check the spelling, or give its path") from None
+            raise program_not_found(spec.command[0]) from None
     from nodescale.dist.local_launch import launch_local
 
     # Any script's rank 0 would serve the store on every interface: a store process serves it on loopback.

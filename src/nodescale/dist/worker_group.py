@@ -34,6 +34,7 @@ from types import FrameType
 
 from nodescale.dist.env import LOOPBACK
 from nodescale.dist.ports import free_port, listening_socket
+from nodescale.errors import program_not_found
 
 # How long a worker told to stop may take (to write its checkpoint) before it is killed: torch's agent's figure.
 STOP_GRACE_SECONDS = 30.0
@@ -112,8 +113,11 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
     try:
         for rank in range(nproc):
             env = worker_environment(os.environ, rank, nproc, port, run_id, extra_env or {}, store_process)
-            workers[rank] = subprocess.Popen(list(command), env=env, start_new_session=True,
-                                             preexec_fn=_die_with_parent)
+            try:
+                workers[rank] = subprocess.Popen(list(command), env=env, start_new_session=True,
+                                                 preexec_fn=_die_with_parent)
+            except FileNotFoundError:
+                raise program_not_found(command[0]) from None  # the workers started so far are stopped below
         codes = _wait_for_all_or_a_failure(workers)
         stopped = _stop_workers(workers, signal.SIGTERM, grace_seconds) if any(codes.values()) else {}
         return GroupResult({**codes, **stopped}, stopped=frozenset(stopped))
