@@ -297,6 +297,11 @@ def run_pbs_job(script_path: Path, nodes: int | Sequence[str] = 2, *, scratch: P
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             # Open MPI 4.1's PMIx shared-memory store prints a harmless error under some sandboxes.
             "PMIX_MCA_gds": "hash",
+            # Each Open MPI 4.1 daemon maps a shared-memory copy of the hwloc topology at an address it
+            # guesses from /proc/self/maps, for MPI programs to adopt. With two daemons on one machine (two
+            # "nodes" here) a daemon once died of SIGSEGV in that hwloc shmem code (one full-suite run in
+            # about a dozen). The workers are not MPI programs and never read that copy: keep it off.
+            "OMPI_MCA_rtc_hwloc_vmhole": "none",
         })
 
     returncode, output = run_job_script(["/bin/bash", str(script_path)], scratch / "home", job_env, job_id,
