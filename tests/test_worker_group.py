@@ -43,21 +43,39 @@ def _wait_for(path: Path, count: int = 1, timeout: float = 30) -> None:
     raise AssertionError(f"{path} ({count}) did not appear within {timeout} s")
 
 
-def test_the_launcher_never_imports_torch(tmp_path: Path) -> None:
-    """Training with --nproc 2 from start to end, the launcher process without torch."""
+def _trained_two_ranks(out: Path) -> bool:
+    summary = read_summary(out)
+    return summary["world_size"] == 2 and summary["global_steps"] == 3
+
+
+def _benchmarked_two_ranks(out: Path) -> bool:
+    rows = json.loads((out / "results.json").read_text())
+    return [(row["world_size"], row["correct"]) for row in rows] == [(2, True), (2, True)]  # out- and in-place
+
+
+LAUNCHED = {  # a whole run under each launching subcommand; the check of what it wrote
+    "train": (["train", "--strategy", "ddp", "--max-steps", "3", "--epochs", "1", "--set", "checkpoint.at_end=false"],
+              _trained_two_ranks),
+    "bench comm": (["bench", "comm", "--sizes", "4K", "--ops", "all_reduce", "--iters", "2", "--no-plot"],
+                   _benchmarked_two_ranks),
+}
+
+
+@pytest.mark.parametrize("subcommand", list(LAUNCHED))
+def test_the_launcher_never_imports_torch(subcommand: str, tmp_path: Path) -> None:
+    """A run with --nproc 2 from start to end, the launcher process without torch (only the workers load it)."""
     out = tmp_path / "run"
+    argv, wrote_it = LAUNCHED[subcommand]
     code = textwrap.dedent(f"""
         import sys
         from nodescale.cli.main import main
-        code = main(["train", "--strategy", "ddp", "--nproc", "2", "--max-steps", "3", "--epochs", "1",
-                     "--out", {str(out)!r}, "--set", "checkpoint.at_end=false"])
+        code = main({[*argv, "--nproc", "2", "--out", str(out)]!r})
         print("LAUNCHER", code, "torch" in sys.modules)
     """)
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(), capture_output=True,
                             text=True, timeout=240)
     assert "LAUNCHER 0 False" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
-    summary = read_summary(out)
-    assert summary["world_size"] == 2 and summary["global_steps"] == 3
+    assert wrote_it(out)
 
 
 def test_workers_see_torchruns_variables_and_run_in_their_own_sessions(tmp_path: Path) -> None:

@@ -13,27 +13,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from nodescale.bench import comm_math
+from nodescale.bench.comm_math import Settings
 from nodescale.bench.comm_ops import DTYPES, ROOT, Case, Group
 from nodescale.dist.process_group import Runtime
 from nodescale.train.clock import synchronize
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What one ``bench comm`` run measures (parsed and checked by the CLI)."""
-
-    ops: tuple[str, ...]
-    sizes: tuple[int, ...]
-    dtype: str
-    warmup: int
-    iters: int
 
 
 def bench_device(runtime: Runtime) -> torch.device:

@@ -200,3 +200,14 @@ def format_size(size_bytes: int) -> str:
         if size_bytes >= scale and size_bytes % scale == 0:
             return f"{size_bytes // scale}{unit}"
     return str(size_bytes)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one ``bench comm`` run measures: checked by the CLI before any process starts, hence no torch."""
+
+    ops: tuple[str, ...]
+    sizes: tuple[int, ...]
+    dtype: str
+    warmup: int
+    iters: int

@@ -11,7 +11,8 @@ from typing import Any
 
 from nodescale.atomic_files import write_json_atomic
 from nodescale.bench import comm_report
-from nodescale.bench.comm import Settings, bench_device, run_sweep
+from nodescale.bench.comm import bench_device, run_sweep
+from nodescale.bench.comm_math import Settings
 from nodescale.dist.process_group import Runtime
 
 

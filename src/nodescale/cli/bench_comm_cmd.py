@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nodescale.bench import comm_math
+from nodescale.bench.comm_math import Settings
 from nodescale.errors import UserError, unknown_choice
 
-if TYPE_CHECKING:  # torch is imported only once the flags are known to be good
-    from nodescale.bench.comm import Settings
+if TYPE_CHECKING:
     from nodescale.dist.env import DistEnv
 
 DEFAULT_SIZES = "1K:64M"
@@ -57,7 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    """Check every flag that needs no process; the :class:`~nodescale.bench.comm.Settings` they describe."""
+    """Check every flag that needs no process; the :class:`~nodescale.bench.comm_math.Settings` they describe."""
     sizes = comm_math.parse_sizes(args.sizes)
     ops = comm_math.parse_ops(args.ops)
     dtype = comm_math.check_dtype(args.dtype)
@@ -71,15 +71,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise UserError(f"--timeout {args.timeout}", "must be positive")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise UserError(f"--out {str(args.out)!r}", "is a file, not a directory", "give a directory for the results")
-    from nodescale.bench.comm import Settings  # imports torch: only once the flags are good
-
     return Settings(tuple(ops), tuple(sizes), dtype, args.warmup, args.iters)
 
 
 def _check_backend(backend: str) -> None:
-    import torch
+    from nodescale.dist.accelerators import visible_gpus  # torch only where a GPU driver is loaded
 
-    if backend == "nccl" and not torch.cuda.is_available():
+    if backend == "nccl" and not visible_gpus():
         raise UserError("--backend nccl", "needs CUDA GPUs, and this process sees none", "use --backend gloo on CPU")
 
 
