@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,28 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 240, check: bool = True
         pytest.fail(f"nodescale {' '.join(args)} exited {result.returncode}\n"
                     f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
     return result
+
+
+# How torchrun's agent and nodescale's launcher both name a worker killed by these signals.
+_WORKER_CRASH = re.compile(r"\(SIG(ABRT|SEGV)\)")
+
+
+def once_more_if_torch_crashed(
+        attempt: Callable[[int], subprocess.CompletedProcess[str]]) -> subprocess.CompletedProcess[str]:
+    """``attempt(1)``; and ``attempt(2)`` (which writes elsewhere) if a worker of the first was killed by
+    SIGABRT or SIGSEGV. For the 2-rank gloo DDP runs under torch's profiler only.
+
+    Why: one CI run saw rank 0 abort with glibc's "malloc(): unsorted double linked list corrupted"
+    right after torch 2.13's profiler stopped under DDP on gloo, a crash inside torch's C++ code that
+    several hundred runs here (with and without CPU contention, and with a widened gap between a gloo
+    work's completion and its profiler callback) never reproduced. A second crash, or any other
+    failure, still fails the test.
+    """
+    run = attempt(1)
+    if run.returncode == 0 or _WORKER_CRASH.search(run.stderr) is None:
+        return run
+    warnings.warn(f"a worker crashed inside torch; running once more:\n{run.stderr[-2000:]}", stacklevel=2)
+    return attempt(2)
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import read_metrics, read_summary, run_cli
+from conftest import once_more_if_torch_crashed, read_metrics, read_summary, run_cli
 
 # Batch 64 x 2 ranks: 12 steps per epoch of the digits, so the run logs one epoch and goes on.
 STEPS, LOG_EVERY, PROFILE = 14, 3, (3, 2)
@@ -28,16 +29,20 @@ def observed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     patch.delenv("WANDB_MODE", raising=False)
     for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
         patch.setenv(name, str(root / "wandb-home"))  # nothing in $HOME
-    run_dir = root / "run"
+
+    def attempt(number: int) -> subprocess.CompletedProcess[str]:
+        return run_cli(["train", "--nproc", "2", "--model", "cnn", "--batch-size", "64", "--max-steps", str(STEPS),
+                        "--log-every", str(LOG_EVERY),
+                        "--log", "tensorboard,mlflow,wandb", "--monitor", "--monitor-interval", "0.2",
+                        "--profile", f"{PROFILE[0]}:{PROFILE[1]}", "--no-progress", "--out", f"run{number}"], root,
+                       timeout=280, check=False)
+
     try:
-        run_cli(["train", "--nproc", "2", "--model", "cnn", "--batch-size", "64", "--max-steps", str(STEPS),
-                 "--log-every", str(LOG_EVERY),
-                 "--log", "tensorboard,mlflow,wandb", "--monitor", "--monitor-interval", "0.2",
-                 "--profile", f"{PROFILE[0]}:{PROFILE[1]}", "--no-progress", "--out", str(run_dir)], root,
-                timeout=280)
+        run = once_more_if_torch_crashed(attempt)
     finally:
         patch.undo()
-    return run_dir
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
+    return root / run.args[-1]
 
 
 def step_records(run_dir: Path) -> list[dict[str, Any]]:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import cli_env
+from conftest import cli_env, once_more_if_torch_crashed
 from nodescale.observe.profiler import ProfileResult, StepProfiler, top_ops_text
 
 CPU = torch.device("cpu")
@@ -208,37 +205,21 @@ dist.destroy_process_group()
 """
 
 
-def _run_twice_if_torch_crashed(command: list[str], cwd: Path, outputs: list[Path]) -> subprocess.CompletedProcess:
-    """Run COMMAND; once more, from a clean slate, if a worker was killed by SIGABRT or SIGSEGV.
-
-    Why: one CI run saw rank 0 abort with glibc's "malloc(): unsorted double linked list corrupted"
-    right after torch 2.13's profiler stopped under DDP on gloo, a crash inside torch's C++ code that
-    several hundred runs here (with and without CPU contention, and with a widened gap between a gloo
-    work's completion and its profiler callback) never reproduced. A second crash, or any other
-    failure, still fails the test.
-    """
-    run = subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=120)
-    if run.returncode == 0 or re.search(r"\(SIG(ABRT|SEGV)\)", run.stderr) is None:
-        return run
-    warnings.warn(f"a worker crashed inside torch; running once more:\n{run.stderr[-2000:]}", stacklevel=2)
-    for path in outputs:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    return subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.multiproc
 def test_every_rank_of_a_ddp_run_writes_its_own_profile(tmp_path: Path) -> None:
     script = tmp_path / "ddp_profile.py"
     script.write_text(DDP_SCRIPT)
-    out = tmp_path / "profile"
-    run = _run_twice_if_torch_crashed(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), str(out)],
-        tmp_path, [out, *(tmp_path / f"steps{rank}.json" for rank in (0, 1))])
+
+    def attempt(number: int) -> subprocess.CompletedProcess[str]:
+        out = tmp_path / f"attempt{number}" / "profile"
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               str(script), str(out)], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                              timeout=120)
+
+    run = once_more_if_torch_crashed(attempt)
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
-    assert [json.loads((tmp_path / f"steps{rank}.json").read_text()) for rank in (0, 1)] == [[3, 4], [3, 4]]
+    out = Path(run.args[-1])
+    assert [json.loads((out.parent / f"steps{rank}.json").read_text()) for rank in (0, 1)] == [[3, 4], [3, 4]]
     assert sorted(path.name for path in out.iterdir()) == [
         f"rank{rank}.{kind}" for rank in (0, 1) for kind in ("ops.json", "ops.txt", "trace.json")]
     for rank in (0, 1):
