@@ -15,7 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from conftest import cli_env
-from nodescale.dist.watchdog import Watchdog
+from nodescale.dist.watchdog import Watchdog, summarise_ranks
 from nodescale.train.stop_signals import EXIT_HANG
 from proc_tree import worker_of_rank
 from test_preemption import last_step, wait_until
@@ -58,6 +58,47 @@ def test_a_live_rank_without_progress_is_named_but_pauses_are_not_hangs() -> Non
         rank1.stop()
     assert "rank 1 on host host1" in reports[0] and "last step 3" in reports[0]
     assert "made no progress" in reports[0] and "in wait_until" in reports[0]  # where its main thread is
+
+
+def test_a_stuck_report_says_which_rank_the_others_wait_for() -> None:
+    """Three live ranks, rank 2 a step behind: whichever watcher fires names rank 2 as the one behind."""
+    store = dist.HashStore()
+    reports: list[str] = []
+    dogs = [Watchdog(store, rank, 3, 1.0, on_hang=reports.append, host=f"host{rank}") for rank in range(3)]
+    for dog, step in zip(dogs, (5, 5, 4), strict=True):
+        dog.beat(step)
+        dog.start()
+    try:
+        assert wait_until(lambda: reports, 5), "no report"
+    finally:
+        for dog in dogs:
+            dog.stop()
+    assert "made no progress" in reports[0]
+    assert "all ranks: rank 2 behind at step 4 (host host2, main thread at " in reports[0]
+    assert "the other 2 at step 5;" in reports[0]
+
+
+def _beat(step: int, where: str, host: str = "h0", state: str = "training") -> dict[str, object]:
+    return {"count": 3, "step": step, "state": state, "host": host, "pid": 1, "idle_s": 99.0, "where": where}
+
+
+def test_ranks_at_one_step_are_grouped_by_where_they_wait_smallest_group_first() -> None:
+    beats = {rank: _beat(42, "c10d.py:10 in all_reduce") for rank in (0, 1, 2, 4, 5)}
+    beats[3] = _beat(42, "c10d.py:20 in broadcast", host="h1")
+    assert summarise_ranks(beats, 6) == ("every rank at step 42: rank 3 at c10d.py:20 in broadcast; "
+                                         "ranks 0-2,4-5 at c10d.py:10 in all_reduce")
+    # Past max_places the rest are counted, not listed.
+    many = {rank: _beat(1, f"f.py:{rank} in g") for rank in range(6)}
+    assert summarise_ranks(many, 6, max_places=2).endswith("rank 1 at f.py:1 in g; 4 more places")
+
+
+def test_the_summary_names_ranks_behind_their_hosts_and_ranks_never_heard_from() -> None:
+    beats = {0: _beat(9, "a.py:1 in f"), 1: _beat(7, "io.py:5 in read", host="h1"),
+             2: _beat(7, "io.py:5 in read", host="h2"), 3: _beat(-1, "x", state="done"), 4: _beat(8, "a.py:1 in f")}
+    assert summarise_ranks(beats, 7) == ("ranks 1-2 behind at step 7 (hosts h1, h2, main thread at io.py:5 in "
+                                         "read), the other 2 at steps 8-9; no heartbeat from ranks 5-6")
+    assert summarise_ranks({0: _beat(-1, "w.py:1 in init")}, 1) == "every rank at no step yet: rank 0 at w.py:1 in init"
+    assert summarise_ranks({}, 2) == "no heartbeat from ranks 0-1"
 
 
 def test_a_done_rank_is_not_reported() -> None:

@@ -11,7 +11,10 @@ load per rank however large the job. Two things make the watcher end the job:
 * the neighbour is training but its step has not moved for ``timeout`` seconds (a deadlock,
   a rank waiting forever on I/O or on a collective another rank never joined).
 
-The watcher prints one line naming the rank, its host and its last step, and leaves with
+The watcher prints one line naming the rank, its host and its last step (for a rank that is
+alive but stuck, also what every rank's heartbeat says: who is behind, or where each group of
+ranks waits when all are at the same step, which a deadlock between two different collectives
+looks like, and where the neighbour may only be waiting for the culprit), and leaves with
 :data:`EXIT_HANG` through ``os._exit``: the main thread may be blocked in a collective that would
 otherwise only end at the collective timeout. The launcher (torchrun, srun --kill-on-bad-exit)
 then stops the other ranks. Times are measured by each process on its own monotonic clock, so
@@ -39,6 +42,9 @@ import torch.distributed as dist
 from nodescale.train.stop_signals import EXIT_HANG
 
 KEY = "nodescale-heartbeat/{rank}"
+# Reading every rank's heartbeat costs the store one request per rank per watcher, and in a
+# deadlock every watcher fires at once: above this many ranks the report names the neighbour only.
+SUMMARY_MAX_RANKS = 256
 
 
 def interval_for(timeout_s: float) -> float:
@@ -170,10 +176,79 @@ class Watchdog:
                     f"(heartbeat timeout {self.timeout_s:g} s); its process is stopped, dead or stuck; "
                     f"reported by rank {self.rank} on {self.host}")
         if beat["state"] == "training" and beat["idle_s"] > self.timeout_s:
+            everyone = ""
+            if self.world_size <= SUMMARY_MAX_RANKS:
+                everyone = f"; all ranks: {summarise_ranks(self._all_beats(), self.world_size)}"
             return (f"nodescale: hang: {who} made no progress for {beat['idle_s']:.0f} s (heartbeat timeout "
-                    f"{self.timeout_s:g} s); its main thread is at {beat['where']}; "
+                    f"{self.timeout_s:g} s); its main thread is at {beat['where']}{everyone}; "
                     f"reported by rank {self.rank} on {self.host}")
         return None
+
+    def _all_beats(self) -> dict[int, dict[str, Any]]:
+        """Every rank's last published heartbeat (read once, when a hang is found); what could be read."""
+        beats: dict[int, dict[str, Any]] = {}
+        for rank in range(self.world_size):
+            key = KEY.format(rank=rank)
+            try:
+                if self.store.check([key]):
+                    beats[rank] = json.loads(self.store.get(key))
+            except Exception:  # noqa: BLE001 - the store is failing: report what was read
+                break
+        return beats
+
+
+def summarise_ranks(beats: dict[int, dict[str, Any]], world_size: int, max_places: int = 4) -> str:
+    """Who is behind, or where each group waits: one clause over every rank's heartbeat.
+
+    A rank at a lower step than the others is what they wait for. When every rank is at the same
+    step the ranks are grouped by where their main threads are: two groups in two different
+    collectives is a deadlock, and the smaller group is usually the one that went astray.
+    """
+    live = {rank: beat for rank, beat in beats.items() if beat.get("state") != "done"}
+    parts = []
+    if live:
+        steps = {rank: beat["step"] for rank, beat in live.items()}
+        low, high = min(steps.values()), max(steps.values())
+        if low < high:
+            behind = sorted(rank for rank, step in steps.items() if step == low)
+            ahead = [step for step in steps.values() if step > low]
+            at = _step(high) if min(ahead) == high else f"steps {min(ahead)}-{high}"
+            parts.append(f"{_ranks(behind)} behind at {_step(low)} ({_hosts(behind, live)}, main thread at "
+                         f"{live[behind[0]]['where']}), the other {len(ahead)} at {at}")
+        else:
+            places: dict[str, list[int]] = {}
+            for rank in sorted(live):
+                places.setdefault(live[rank]["where"], []).append(rank)
+            groups = sorted(places.items(), key=lambda item: (len(item[1]), item[1][0]))  # smallest group first
+            shown = "; ".join(f"{_ranks(ranks)} at {where}" for where, ranks in groups[:max_places])
+            more = f"; {len(groups) - max_places} more places" if len(groups) > max_places else ""
+            parts.append(f"every rank at {_step(low)}: {shown}{more}")
+    missing = [rank for rank in range(world_size) if rank not in beats]
+    if missing:
+        parts.append(f"no heartbeat from {_ranks(missing)}")
+    return "; ".join(parts) or "no heartbeat could be read"
+
+
+def _step(step: int) -> str:
+    return f"step {step}" if step >= 0 else "no step yet"
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``rank 3`` or ``ranks 0-2,5``: sorted ranks with runs of consecutive ones as ranges."""
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    text = ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
+
+
+def _hosts(ranks: list[int], beats: dict[int, dict[str, Any]], limit: int = 3) -> str:
+    hosts = list(dict.fromkeys(beats[rank]["host"] for rank in ranks))
+    more = f" and {len(hosts) - limit} more" if len(hosts) > limit else ""
+    return ("host " if len(hosts) == 1 else "hosts ") + ", ".join(hosts[:limit]) + more
 
 
 def _exit_hang(message: str) -> None:
