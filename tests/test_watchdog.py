@@ -111,16 +111,18 @@ def test_a_done_rank_is_not_reported() -> None:
     assert not reports
 
 
-def stop_rank_1_of_a_long_run(tmp_path: Path, flags: list[str], settle_s: float, within_s: float
+def stop_rank_1_of_a_long_run(tmp_path: Path, flags: list[str], settle_s: float, within_s: float,
+                              fault: signal.Signals = signal.SIGSTOP, env: dict[str, str] | None = None
                               ) -> tuple[bool, float, str, int, subprocess.Popen[str]]:
-    """Start a 2-rank run with ``flags``, SIGSTOP rank 1 after step 10 (+ ``settle_s``), wait for rank 0 to leave.
+    """Start a 2-rank run with ``flags``, send rank 1 ``fault`` (SIGSTOP) after step 10 (+ ``settle_s``), wait
+    for rank 0 to leave.
 
     Returns (rank 0 left within ``within_s``, seconds until it did, the output, the stopped pid, the process).
     """
     process = subprocess.Popen(
         [sys.executable, "-m", "nodescale", "train", "--nproc", "2", "--epochs", "200", "--max-steps", "100000",
          "--log-every", "5", "--no-progress", "--out", "run", *flags],
-        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=tmp_path, env=env or cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
     stopped = None
     try:
@@ -128,13 +130,16 @@ def stop_rank_1_of_a_long_run(tmp_path: Path, flags: list[str], settle_s: float,
         time.sleep(settle_s)
         stopped = worker_of_rank(process.pid, 1)
         assert stopped is not None
-        os.kill(stopped, signal.SIGSTOP)  # a real fault: the whole process, heartbeat thread included
+        os.kill(stopped, fault)  # SIGSTOP, a real fault: the whole process, heartbeat thread included
         began = time.monotonic()
         # The launcher waits for the stopped rank after rank 0 left (SIGTERM does nothing to it,
         # SIGKILL comes after its grace period): once rank 0 is gone, the test ends the stopped one.
         gone = wait_until(lambda: worker_of_rank(process.pid, 0) is None, within_s)
         elapsed = time.monotonic() - began
-        os.kill(stopped, signal.SIGKILL)
+        try:
+            os.kill(stopped, signal.SIGKILL)
+        except ProcessLookupError:  # its own watchdog ended it first
+            pass
         output, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
@@ -163,6 +168,33 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path: Path) -> None:
     # The step of its last heartbeat (published every second here): at most that far behind.
     assert 0 < int(match.group(3)) <= last_step(tmp_path / "run") + 5
     assert f"rank 0 exited with {EXIT_HANG}" in output or f"exit code {EXIT_HANG}" in output, output
+
+
+# Installed in every process of the run through sitecustomize: on SIGWINCH the main thread blocks
+# (a rank stuck in a read that never returns), while its other threads, the heartbeat's included, run on.
+STUCK_ON_SIGWINCH = """
+import signal, time
+signal.signal(signal.SIGWINCH, lambda *_: time.sleep(3600))
+"""
+
+
+@pytest.mark.multiproc
+def test_a_rank_stuck_but_alive_is_reported_with_every_ranks_place(tmp_path: Path) -> None:
+    timeout = 4
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(STUCK_ON_SIGWINCH)
+    env = cli_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(inject), env.get("PYTHONPATH")]))
+    gone, elapsed, output, _, process = stop_rank_1_of_a_long_run(
+        tmp_path, ["--heartbeat-timeout", str(timeout)], settle_s=0, within_s=timeout + 30,
+        fault=signal.SIGWINCH, env=env)
+    assert gone and elapsed < timeout + 15, (elapsed, output)
+    (line,) = [line for line in output.splitlines() if line.startswith("nodescale: hang: ")]
+    assert "made no progress" in line and "; all ranks: " in line, line
+    # Whichever rank's watcher spoke, the line says where rank 1 is stuck: as the neighbour, or in the summary.
+    assert re.search(r"rank 1 .*sitecustomize\.py:\d+ in <lambda>", line), line
+    assert process.returncode != 0 and str(EXIT_HANG) in output
 
 
 @pytest.mark.multiproc
