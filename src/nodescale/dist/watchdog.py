@@ -39,6 +39,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from nodescale.dist.rank_labels import ranks_label
 from nodescale.train.stop_signals import EXIT_HANG
 
 KEY = "nodescale-heartbeat/{rank}"
@@ -138,9 +139,13 @@ class Watchdog:
         last = traceback.extract_stack(frame, limit=1)[-1]
         return f"{last.filename}:{last.lineno} in {last.name}"
 
+    def _read_beat(self, rank: int) -> dict[str, Any] | None:
+        """``rank``'s last published heartbeat; None before it published one."""
+        key = KEY.format(rank=rank)
+        return json.loads(self.store.get(key)) if self.store.check([key]) else None
+
     def _run(self) -> None:
         neighbour = (self.rank + 1) % self.world_size
-        key = KEY.format(rank=neighbour)
         count = 0
         seen: dict[str, Any] | None = None
         seen_at = time.monotonic()
@@ -148,7 +153,7 @@ class Watchdog:
             count += 1
             try:
                 self._publish(count)
-                beat = json.loads(self.store.get(key)) if self.store.check([key]) else None
+                beat = self._read_beat(neighbour)
             except Exception as exc:  # noqa: BLE001 - a store that does not answer is a hang too
                 if time.monotonic() - seen_at > self.timeout_s and not self._stop.is_set():
                     self.on_hang(f"nodescale: hang: the rendezvous store did not answer rank {self.rank} on "
@@ -188,12 +193,12 @@ class Watchdog:
         """Every rank's last published heartbeat (read once, when a hang is found); what could be read."""
         beats: dict[int, dict[str, Any]] = {}
         for rank in range(self.world_size):
-            key = KEY.format(rank=rank)
             try:
-                if self.store.check([key]):
-                    beats[rank] = json.loads(self.store.get(key))
+                beat = self._read_beat(rank)
             except Exception:  # noqa: BLE001 - the store is failing: report what was read
                 break
+            if beat is not None:
+                beats[rank] = beat
         return beats
 
 
@@ -213,36 +218,24 @@ def summarise_ranks(beats: dict[int, dict[str, Any]], world_size: int, max_place
             behind = sorted(rank for rank, step in steps.items() if step == low)
             ahead = [step for step in steps.values() if step > low]
             at = _step(high) if min(ahead) == high else f"steps {min(ahead)}-{high}"
-            parts.append(f"{_ranks(behind)} behind at {_step(low)} ({_hosts(behind, live)}, main thread at "
+            parts.append(f"{ranks_label(behind)} behind at {_step(low)} ({_hosts(behind, live)}, main thread at "
                          f"{live[behind[0]]['where']}), the other {len(ahead)} at {at}")
         else:
             places: dict[str, list[int]] = {}
             for rank in sorted(live):
                 places.setdefault(live[rank]["where"], []).append(rank)
             groups = sorted(places.items(), key=lambda item: (len(item[1]), item[1][0]))  # smallest group first
-            shown = "; ".join(f"{_ranks(ranks)} at {where}" for where, ranks in groups[:max_places])
+            shown = "; ".join(f"{ranks_label(ranks)} at {where}" for where, ranks in groups[:max_places])
             more = f"; {len(groups) - max_places} more places" if len(groups) > max_places else ""
             parts.append(f"every rank at {_step(low)}: {shown}{more}")
     missing = [rank for rank in range(world_size) if rank not in beats]
     if missing:
-        parts.append(f"no heartbeat from {_ranks(missing)}")
+        parts.append(f"no heartbeat from {ranks_label(missing)}")
     return "; ".join(parts) or "no heartbeat could be read"
 
 
 def _step(step: int) -> str:
     return f"step {step}" if step >= 0 else "no step yet"
-
-
-def _ranks(ranks: list[int]) -> str:
-    """``rank 3`` or ``ranks 0-2,5``: sorted ranks with runs of consecutive ones as ranges."""
-    runs: list[list[int]] = []
-    for rank in sorted(ranks):
-        if runs and rank == runs[-1][-1] + 1:
-            runs[-1].append(rank)
-        else:
-            runs.append([rank])
-    text = ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
-    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
 
 
 def _hosts(ranks: list[int], beats: dict[int, dict[str, Any]], limit: int = 3) -> str:

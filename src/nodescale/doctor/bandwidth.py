@@ -14,7 +14,8 @@ from typing import Any
 
 from nodescale.bench import comm_math
 from nodescale.bench.comm_math import algbw_gbps
-from nodescale.doctor.check import Check, fail, ok, ranks_label, warn
+from nodescale.dist.rank_labels import ranks_label
+from nodescale.doctor.check import Check, fail, ok, warn
 
 SLOW_FRACTION = 0.5  # a rank below half the median is "far below the rest of the job"
 

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from nodescale.dist.rank_labels import rank_ranges
+
 OK = "ok"
 WARN = "warn"
 FAIL = "fail"
@@ -80,32 +82,11 @@ def counts(checks: Iterable[Check]) -> dict[str, int]:
     return result
 
 
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``: short enough for a table cell at any scale."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    start = previous = None
-    for rank in ordered:
-        if previous is not None and rank == previous + 1:
-            previous = rank
-            continue
-        if start is not None:
-            parts.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = rank
-    if start is not None:
-        parts.append(str(start) if start == previous else f"{start}-{previous}")
-    return ",".join(parts)
-
-
 def plural(count: int, word: str, many: str | None = None) -> str:
     """``"1 node"``, ``"2 nodes"``; ``many`` for irregular plurals (process -> processes)."""
     return f"{count} {word if count == 1 else many or word + 's'}"
 
 
-def ranks_label(ranks: Iterable[int]) -> str:
-    """``"rank 3"`` for one rank, ``"ranks 0-2,5"`` for several."""
-    ordered = sorted(set(ranks))
-    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {rank_ranges(ordered)}"
 
 
 def merge_rank_rows(rows_by_rank: Mapping[int, Sequence[Check]], world_size: int) -> list[Check]:

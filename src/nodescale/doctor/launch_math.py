@@ -17,7 +17,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nodescale.doctor.check import Check, fail, ok, plural, rank_ranges, ranks_label, warn
+from nodescale.dist.rank_labels import rank_ranges, ranks_label
+from nodescale.doctor.check import Check, fail, ok, plural, warn
 from nodescale.doctor.facts import RankFacts
 
 # Slurm's reserved step ids (batch, extern, interactive) are all >= this (see dist/env.py).
