@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nodescale.data.sharding import ShardPlan
-from nodescale.train.trainer import _window_totals
+from nodescale.data.sharding import window_totals
 
 
 def _epoch_samples(n: int, world: int, batch: int, epoch: int, seed: int = 0) -> list[list[int]]:
@@ -67,8 +67,8 @@ def test_unshuffled_plan_is_in_order() -> None:
     assert [i for b in plan.batches(0) for i in b.indices.tolist()] == [0, 2, 4, 6, 8]
 
 
-def test_accumulation_window_totals() -> None:
-    assert _window_totals([4, 4, 4, 4, 3], start=0, accum=2) == [8, 8, 8, 8, 3]
-    assert _window_totals([4, 4, 3], start=2, accum=2) == [8, 8, 3]
-    assert _window_totals([4, 4, 4], start=1, accum=2) == [4, 8, 8]
-    assert _window_totals([5, 5], start=0, accum=1) == [5, 5]
+def test_accumulationwindow_totals() -> None:
+    assert window_totals([4, 4, 4, 4, 3], start=0, accum=2) == [8, 8, 8, 8, 3]
+    assert window_totals([4, 4, 3], start=2, accum=2) == [8, 8, 3]
+    assert window_totals([4, 4, 4], start=1, accum=2) == [4, 8, 8]
+    assert window_totals([5, 5], start=0, accum=1) == [5, 5]

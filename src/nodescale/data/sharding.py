@@ -95,3 +95,16 @@ class ShardPlan:
         # below num_samples are real.
         start, end = first_row * self.world_size, end_row * self.world_size
         return max(0, min(end, self.num_samples) - start)
+
+
+def window_totals(counts: list[int], start: int, accum: int) -> list[int]:
+    """For each micro-batch from ``start``, the real-sample total of its accumulation window."""
+    totals = []
+    index = start
+    end = start + len(counts)
+    while index < end:
+        window_end = min(end, (index // accum + 1) * accum)
+        total = sum(counts[index - start:window_end - start])
+        totals.extend([total] * (window_end - index))
+        index = window_end
+    return totals

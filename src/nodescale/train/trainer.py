@@ -21,6 +21,7 @@ from torch import nn
 
 from nodescale.config.schema import RunConfig
 from nodescale.data.loader import StepLoader
+from nodescale.data.sharding import window_totals as planned_window_totals
 from nodescale.dist.process_group import Runtime, barrier, gather_from_all
 from nodescale.dist.watchdog import Watchdog
 from nodescale.errors import UserError
@@ -220,7 +221,7 @@ class Trainer:
             start = self.position.batch_in_epoch
             # Planned once, before the clock starts: the loader and the window totals share it.
             planned = self.train_loader.plan.batches(epoch, start)
-            window_totals = _window_totals([b.global_count for b in planned], start, self.cfg.train.grad_accum)
+            window_totals = planned_window_totals([b.global_count for b in planned], start, self.cfg.train.grad_accum)
             epoch_clock = TrainClock(self.device)
             epoch_clock.start()
             clock.start()
@@ -444,16 +445,3 @@ def _largest(values: tuple[float, ...], distributed: bool, device: torch.device)
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tuple(tensor.tolist())
-
-
-def _window_totals(counts: list[int], start: int, accum: int) -> list[int]:
-    """For each micro-batch from ``start``, the real-sample total of its accumulation window."""
-    totals = []
-    index = start
-    end = start + len(counts)
-    while index < end:
-        window_end = min(end, (index // accum + 1) * accum)
-        total = sum(counts[index - start:window_end - start])
-        totals.extend([total] * (window_end - index))
-        index = window_end
-    return totals
