@@ -12,8 +12,9 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from nodescale.api import Context, init
+    from nodescale.spawning import spawn
 
-__all__ = ["Context", "init", "__version__"]
+__all__ = ["Context", "init", "spawn", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from nodescale import api
 
         return getattr(api, name)
+    if name == "spawn":
+        from nodescale.spawning import spawn
+
+        return spawn
     raise AttributeError(f"module 'nodescale' has no attribute {name!r}")
