@@ -1,60 +1,99 @@
-"""A handful of calls that make a single-GPU script distributed.
+"""The library face of nodescale's engine: a few calls make a single-GPU loop distributed.
 
 ::
 
     import nodescale
 
-    ctx = nodescale.init()                       # rank, device, process group
+    ctx = nodescale.init(strategy="fsdp", precision="bf16", seed=0, out="runs/mine")
     model, optimizer = ctx.prepare(model, optimizer)
-    loader = ctx.loader(dataset, batch_size=64)  # a new shuffle every epoch
+    loader = ctx.loader(train_set, batch_size=32)       # every sample exactly once per epoch
     for epoch in range(epochs):
         for x, y in loader:
-            x, y = x.to(ctx.device), y.to(ctx.device)
-            ...
-        ctx.print(f"epoch {epoch}: loss {ctx.mean(loss):.4f}")
-        ctx.save("checkpoint.pt", {"model": ctx.unwrap(model).state_dict(), "epoch": epoch})
+            with ctx.autocast():
+                loss = loss_fn(model(x), y)
+            ctx.backward(loss)
+            ctx.step(optimizer)
+        ctx.save_checkpoint({"model": model, "optimizer": optimizer, "loader": loader})
     ctx.close()
 
-The script runs unchanged as ``python script.py`` (one process), under
-``torchrun``, ``srun`` or ``mpiexec``.
+Strategies, sharding, checkpoints, the stop agreement, the watchdog and the metric
+loggers are the ones ``nodescale train`` uses. The script runs unchanged as ``python
+script.py`` (one process), under ``torchrun``, ``srun`` or ``mpiexec``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
 from nodescale.atomic_files import write_atomic
+from nodescale.data.epoch_loader import DrawnBatch, EpochLoader
+from nodescale.data.sharding import ShardPlan
 from nodescale.dist.env import DistEnv, detect
 from nodescale.dist.process_group import Runtime, abandon, barrier, shutdown, start
-from nodescale.dist.sync_batchnorm import convert_sync_batchnorm
+from nodescale.engine import checkpoints
+from nodescale.engine.run_record import RunRecord
+from nodescale.engine.settings import run_config
+from nodescale.errors import UserError
+from nodescale.models.introspect import unwrap as unwrap_model
+from nodescale.strategies import make_strategy
+from nodescale.strategies.base import Strategy
+from nodescale.train.stop_signals import EXIT_REQUEUE
+
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def init(*, backend: str = "auto", seed: int | None = None, timeout_s: float = 600.0) -> Context:
-    """Join the job this process belongs to and bind it to its device.
+def init(*, strategy: str = "auto", precision: str = "fp32", seed: int | None = None, out: str | Path | None = None,
+         grad_accum: int = 1, backend: str = "auto", timeout_s: float = 600.0, **options: Any) -> Context:
+    """Join the job this process belongs to, bind it to its device, and set up the engine.
 
-    Detects torchrun, Slurm, PBS/PALS, Open MPI and MPICH launches (a plain
-    ``python script.py`` is a job of one). ``seed`` seeds torch identically
-    on every rank, so models built next start from the same weights.
+    ``strategy``: ``single``, ``dp``, ``ddp``, ``fsdp`` or ``deepspeed`` (``auto``: ddp with several
+    processes, single with one). ``out``: the run directory for metrics, summary and checkpoints
+    (nothing is written without it). ``seed`` seeds torch and ``random`` alike on every rank.
+    More options (``zero_stage``, ``sharding``, ``log``, ``compile``, ...): docs/library.md.
     """
+    started = time.perf_counter()
     env = detect()
-    runtime = start(env, backend, timeout_s, group=env.world_size > 1)
+    cfg = run_config(env.world_size, out, {"strategy": strategy, "precision": precision, "seed": seed,
+                                           "grad_accum": grad_accum, "backend": backend, "timeout_s": timeout_s,
+                                           **options})
+    engine = make_strategy(cfg.strategy, cfg.train.precision)
+    if env.world_size > 1 and not engine.needs_process_group:
+        raise UserError(f"nodescale.init(strategy={cfg.strategy.name!r}) under {env.source} with "
+                        f"{env.world_size} processes", f"{cfg.strategy.name} runs in a single process",
+                        "use strategy='ddp' (or 'auto'), or start one process")
+    runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=engine.needs_process_group)
     if seed is not None:
+        import random
+
         torch.manual_seed(seed)
-    return Context(runtime)
+        random.seed(seed)
+    return Context(runtime, cfg, engine, started)
 
 
 class Context:
     """This process's place in the job, and the calls that depend on it."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, cfg: Any = None, strategy: Strategy | None = None,
+                 started: float | None = None) -> None:
         self.runtime = runtime
+        self.cfg = cfg if cfg is not None else run_config(runtime.world_size, None, {})
+        self.strategy = strategy if strategy is not None else make_strategy(self.cfg.strategy)
+        self.record = RunRecord(self.cfg, runtime, started or time.perf_counter())
+        self.prepared: checkpoints.Prepared | None = None
+        self.global_step = 0  # optimiser steps taken (ctx.step calls that stepped)
+        self._micro = 0  # micro-batches of the current window (without a ctx.loader)
+        self._drawn: DrawnBatch | None = None  # the micro-batch last drawn from a ctx.loader
+        self._drawn_samples = 0  # real samples drawn since the last optimiser step
+        self._sync: AbstractContextManager[None] | None = None  # no_sync of the micro-batch in flight
+        self._closed = False
 
     def __enter__(self) -> Context:
         return self
@@ -63,8 +102,11 @@ class Context:
         if exc_type is None:
             self.close()
         else:  # other ranks may never reach a barrier now; leave without one
+            self._closed = True
+            self.record.close(wait=False)
             abandon(self.runtime)
 
+    # ------------------------------------------------------------- who am I
     @property
     def env(self) -> DistEnv:
         return self.runtime.env
@@ -89,71 +131,184 @@ class Context:
     def is_main(self) -> bool:
         return self.runtime.is_main
 
-    def prepare(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
-        *,
-        sync_batchnorm: bool = False,
-        **ddp_options: Any,
-    ) -> Any:
-        """The model on this rank's device, wrapped in DDP when there are several ranks.
+    @property
+    def out(self) -> Path | None:
+        """The run directory (``init(out=...)``), or None."""
+        return self.cfg.out
 
-        Returns ``model`` alone, or ``(model, optimizer)`` when an optimiser is
-        given. The optimiser may be created before or after: parameters keep
-        their identity through the move and the BatchNorm conversion.
+    # --------------------------------------------------------------- prepare
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                sync_batchnorm: bool = False, **ddp_options: Any) -> Any:
+        """The model wrapped by the strategy on this rank's device; ``(model, optimizer)`` with an optimiser.
+
+        The optimiser may be created before: FSDP's new sharded parameters replace the old ones in
+        its parameter groups, and DeepSpeed's engine takes it over. Returns what to train and step.
         """
-        if sync_batchnorm and self.world_size > 1:
-            model = convert_sync_batchnorm(model, self.device.type)
-        model = model.to(self.device)
-        if self.world_size > 1:
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **ddp_options)
-        return model if optimizer is None else (model, optimizer)
+        if self.prepared is not None:
+            raise UserError("ctx.prepare called twice", "one context trains one model with one optimiser",
+                            "prepare the model and its optimiser together, once")
+        updates = {"sync_batchnorm": sync_batchnorm and self.world_size > 1, **ddp_options}
+        known = set(type(self.cfg.strategy).model_fields)
+        for name in updates:
+            if name not in known:
+                raise UserError(f"ctx.prepare({name}=...)", "is not a strategy option",
+                                "pass bucket_cap_mb, static_graph, find_unused_parameters or gradient_as_bucket_view")
+        self.cfg.strategy = self.cfg.strategy.model_copy(update=updates)
+        self.strategy = make_strategy(self.cfg.strategy, self.cfg.train.precision)
+        names = {id(p): name for name, p in model.named_parameters()}
+        wrapped = self.strategy.wrap(model, self.runtime)
+        updater = None
+        if optimizer is not None:
+            _rebind_parameters(optimizer, names, wrapped)
+            updater = self.strategy.make_updater(wrapped, optimizer, self.cfg)
+            wrapped = updater.model  # DeepSpeed's engine, else the wrapped model
+        if self.cfg.train.compile:
+            wrapped = torch.compile(wrapped)
+        self.prepared = checkpoints.Prepared(self.strategy, wrapped, optimizer, updater)
+        self._begin_micro_batch(self.cfg.train.grad_accum == 1)
+        return wrapped if optimizer is None else (wrapped, optimizer)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The plain model inside a DDP wrapper (for ``state_dict`` and export)."""
-        return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        """The plain model inside the strategy's wrapper (DDP, DataParallel, torch.compile, DeepSpeed)."""
+        return unwrap_model(self.strategy.unwrap(unwrap_model(model)))
 
-    def loader(
-        self,
-        dataset: Dataset,
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        pad: bool = True,
-        seed: int = 0,
-        **loader_options: Any,
-    ) -> EpochLoader:
-        """A DataLoader over this rank's shard, reshuffled every epoch (``set_epoch`` done for you).
+    # ---------------------------------------------------------------- loader
+    def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
+               pad: bool = True, seed: int | None = None, **loader_options: Any) -> EpochLoader:
+        """This rank's batches of ``dataset``: every sample exactly once per epoch, a new order each epoch.
 
-        ``batch_size`` is per process. For training, the sampler pads the last
-        round with repeated samples (or drops it, with ``drop_last``) so every
-        rank runs the same number of steps, as DDP needs. For evaluation pass
-        ``pad=False``: each sample then lands on exactly one rank, so totals
-        summed over ranks count every sample once (ranks may differ by one
-        sample, so evaluate the unwrapped model: ``ctx.unwrap(model)``).
+        ``batch_size`` is per process. ``pad=True`` keeps every rank at the same number of batches
+        (training); ``pad=False`` gives each rank only its samples (evaluation with ``ctx.sum``).
         """
-        sampler: DistributedSampler | _UnpaddedShard
-        if pad:
-            sampler = DistributedSampler(
-                dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=seed,
-                drop_last=drop_last,
-            )
-        else:
-            sampler = _UnpaddedShard(len(dataset), self.world_size, self.rank, shuffle, seed)
-        loader_options.setdefault("pin_memory", self.device.type == "cuda")
-        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_options)
-        return EpochLoader(loader, sampler)
+        plan = ShardPlan(len(dataset), self.world_size, self.rank, batch_size,
+                         self.cfg.train.seed if seed is None else seed, shuffle)
+        loader = EpochLoader(dataset, plan, pad=pad, drop_last=drop_last, grad_accum=self.cfg.train.grad_accum,
+                             device=self.device, on_batch=self._drew if pad else None, **loader_options)
+        if pad and self.record.train_loader is None:
+            self.record.train_loader = loader  # its batch size and epochs go into the summary
+        return loader
 
+    def _drew(self, batch: DrawnBatch) -> None:
+        # Training batches only: evaluation runs under no_grad or with the model in eval mode.
+        if not torch.is_grad_enabled() or (self.prepared is not None and not self.prepared.model.training):
+            return
+        self._drawn = batch
+        self._drawn_samples += batch.real_count
+        self._begin_micro_batch(batch.closes_window)
+
+    # ------------------------------------------------------------------ step
+    def autocast(self) -> AbstractContextManager[Any]:
+        """Forward under the run's precision: bf16/fp16 autocast, or nothing for fp32."""
+        dtype = _AUTOCAST.get(self.cfg.train.precision)
+        return torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of a batch's mean loss, scaled so the step gets the global mean over real samples.
+
+        With a batch from ``ctx.loader``: ``loss * real_count * W / window_total``; otherwise
+        ``loss / grad_accum``. fp16 loss scaling and DeepSpeed's backward are the strategy's.
+        """
+        if self.prepared is None or self.prepared.updater is None:
+            raise UserError("ctx.backward", "needs the optimiser", "model, optimizer = ctx.prepare(model, optimizer)")
+        drawn = self._drawn
+        if drawn is not None:
+            scale = drawn.real_count * self.world_size / max(drawn.window_total, 1)
+        else:
+            scale = 1.0 / self.cfg.train.grad_accum
+        self.prepared.updater.backward(loss * scale)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor | None:
+        """Clip the global gradient norm at a window's end (None between its micro-batches)."""
+        if not self._closes_window() or self.prepared is None or self.prepared.updater is None:
+            return None
+        updater = self.prepared.updater
+        if self.strategy.name == "deepspeed":  # the engine clips inside its step
+            engine = self.prepared.model
+            engine._config.gradient_clipping = max_norm
+            if hasattr(engine.optimizer, "clip_grad"):
+                engine.optimizer.clip_grad = max_norm
+            return None
+        updater.scaler.unscale_(self.prepared.optimizer)  # type: ignore[attr-defined]
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
+
+    def step(self, optimizer: torch.optim.Optimizer | None = None) -> bool:
+        """Call after every micro-batch's backward: the optimiser steps at a window's end. Returns whether it did."""
+        if self.prepared is None or self.prepared.updater is None:
+            raise UserError("ctx.step", "needs the optimiser", "model, optimizer = ctx.prepare(model, optimizer)")
+        closes = self._closes_window()
+        self._micro += 1
+        self._drawn = None
+        if not closes:
+            self._begin_micro_batch((self._micro + 1) % self.cfg.train.grad_accum == 0)
+            return False
+        if self.record.footprint is None and self.global_step == 1:  # state of the first step, gradients of this
+            self.record.footprint = self.strategy.footprint(self.prepared.model, self.prepared.optimizer)
+        self.prepared.updater.step()
+        self.global_step += 1
+        self._micro = 0
+        self.record.stepped(self._drawn_samples)
+        self._drawn_samples = 0
+        self._begin_micro_batch(self.cfg.train.grad_accum == 1)
+        return True
+
+    def _closes_window(self) -> bool:
+        if self._drawn is not None:
+            return self._drawn.closes_window
+        return (self._micro + 1) % self.cfg.train.grad_accum == 0
+
+    def _begin_micro_batch(self, closes_window: bool) -> None:
+        """Gradient synchronisation on for the micro-batch that closes a window, off before it."""
+        if self._sync is not None:
+            self._sync.__exit__(None, None, None)
+            self._sync = None
+        if self.prepared is not None and self.prepared.updater is not None:
+            self._sync = self.prepared.updater.accumulating(closes_window)
+            self._sync.__enter__()
+
+    # -------------------------------------------------- logs and checkpoints
+    def log(self, values: dict[str, Any], step: int | None = None) -> dict[str, float]:
+        """Each value's mean over ranks, into metrics.jsonl/csv and the loggers (a collective)."""
+        return self.record.log(values, self.global_step if step is None else step)
+
+    def save_checkpoint(self, state: dict[str, Any], step: int | None = None) -> Path:
+        """Every rank: checkpoint ``state`` (the prepared model and optimiser, loaders, schedulers, values)."""
+        began = time.perf_counter()
+        step = int(state.get("step", self.global_step)) if step is None else step
+        path = checkpoints.save(state, step, self.runtime, self.cfg, self.prepared, self._run_dir("save"))
+        self.record.excluded(time.perf_counter() - began)
+        return path
+
+    def load_checkpoint(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """Every rank: load the newest whole checkpoint into ``state``'s objects; its values, or None."""
+        loaded = checkpoints.load(state, self.runtime, self.prepared, self._run_dir("load"))
+        if loaded is not None:
+            self.global_step = self.record.steps = int(loaded["step"])
+        return loaded
+
+    def _run_dir(self, what: str) -> Path:
+        if self.cfg.out is None:
+            raise UserError(f"ctx.{what}_checkpoint", "needs a run directory",
+                            'nodescale.init(out="runs/my-run")')
+        return self.cfg.out
+
+    def should_stop(self) -> bool:
+        """At a step boundary, on every rank: whether a stop signal (SIGTERM, ...) reached any rank."""
+        return self.record.should_stop()
+
+    def exit_for_requeue(self) -> None:
+        """After the stop's checkpoint: the requeue marker, a clean exit, exit code 3."""
+        marker = self.record.requeue_marker()
+        if self.is_main:
+            print(f"nodescale: stopped at step {self.global_step} for requeue"
+                  + (f"; requeue marker {marker}" if marker else ""), flush=True)
+        self.close(summary=False)
+        raise SystemExit(EXIT_REQUEUE)
+
+    # ------------------------------------------------------ today's helpers
     def mean(self, value: float | torch.Tensor) -> float:
         """The mean of ``value`` over all ranks (a collective: every rank must call it)."""
-        tensor = torch.as_tensor(value, dtype=torch.float64, device=self.device).detach().clone()
-        if self.runtime.distributed:
-            dist.all_reduce(tensor)
-            tensor /= self.world_size
-        return float(tensor)
+        return self.sum(value) / self.world_size
 
     def sum(self, value: float | torch.Tensor) -> float:
         """The sum of ``value`` over all ranks (a collective)."""
@@ -180,48 +335,30 @@ class Context:
         """``torch.load`` onto this rank's device."""
         return torch.load(path, map_location=self.device, weights_only=weights_only)
 
-    def close(self) -> None:
-        """Leave the process group cleanly (drop references to models first)."""
+    def close(self, *, summary: bool = True) -> dict[str, Any] | None:
+        """Write summary.json (with ``out=``) and leave the process group cleanly; every rank calls it."""
+        if self._closed:
+            return None
+        self._closed = True
+        if self._sync is not None:
+            self._sync.__exit__(None, None, None)
+            self._sync = None
+        name = checkpoints.model_name(self.unwrap(self.prepared.model)) if self.prepared else None
+        result = self.record.finish(summary, name)
+        self.prepared = None  # the wrappers' references go before the group does
         shutdown(self.runtime)
+        return result
 
 
-class _UnpaddedShard:
-    """Positions ``rank, rank + W, ...`` of the (shuffled) order: each sample on exactly one rank."""
-
-    def __init__(self, size: int, world_size: int, rank: int, shuffle: bool, seed: int) -> None:
-        self.size, self.world_size, self.rank, self.shuffle, self.seed = size, world_size, rank, shuffle, seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        order = list(range(self.size))
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.size, generator=generator).tolist()
-        return iter(order[self.rank::self.world_size])
-
-    def __len__(self) -> int:
-        return len(range(self.rank, self.size, self.world_size))
-
-
-class EpochLoader:
-    """Iterating starts the next epoch: the sampler is told the epoch each time."""
-
-    def __init__(self, loader: DataLoader, sampler: DistributedSampler | _UnpaddedShard) -> None:
-        self.loader = loader
-        self.sampler = sampler
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start from ``epoch`` (after resuming from a checkpoint)."""
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[Any]:
-        self.sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        return iter(self.loader)
+def _rebind_parameters(optimizer: torch.optim.Optimizer, names: dict[int, str], wrapped: nn.Module) -> None:
+    """Point ``optimizer`` at the parameters the strategy made (FSDP2 replaces them with sharded ones)."""
+    now = dict(unwrap_model(wrapped).named_parameters())
+    for group in optimizer.param_groups:
+        rebound = []
+        for param in group["params"]:
+            name = names.get(id(param))
+            if name is None:
+                raise UserError("ctx.prepare(model, optimizer)", "the optimiser holds a parameter the model does not",
+                                "build the optimiser from model.parameters()")
+            rebound.append(now[name])
+        group["params"] = rebound

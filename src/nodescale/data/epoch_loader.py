@@ -1,0 +1,140 @@
+"""The library's loader: a ``ShardPlan`` dealt through a ``DataLoader``, every sample exactly once.
+
+``ShardPlan`` pads each rank's shard to equal step counts with weight-0 samples. A
+user's loop cannot see weights, so this loader drops the padding: each rank gets
+only its real samples, and the last batches of an epoch may differ in size between
+ranks. The loss stays the global mean because ``ctx.backward`` scales a batch's mean
+loss by ``real_count * W / window_total`` (the counts come from the plan, without
+communication). Only where a rank would be a whole step short (its last batch holds
+no real sample) does it get one padding sample, so that every rank runs the same
+number of steps; ``ctx.backward`` weighs that batch 0, and ``loader.real_count`` says
+0 for it. The position (epoch, batch) is saved in checkpoints and resumed on any
+world size with the same global batch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from nodescale.data.sharding import ShardPlan, window_totals
+
+
+@dataclass(frozen=True)
+class DrawnBatch:
+    """What ``ctx.backward`` and ``ctx.step`` need to know of the micro-batch just drawn."""
+
+    real_count: int  # this rank's real samples (0 for a padding batch)
+    window_total: int  # real samples of its accumulation window, across all ranks
+    closes_window: bool  # the last micro-batch of its window: gradients are synchronised
+
+
+class EpochLoader:
+    """Iterating gives one epoch of this rank's batches; the next iteration gives the next epoch."""
+
+    def __init__(self, dataset: Dataset, plan: ShardPlan, *, pad: bool, drop_last: bool, grad_accum: int,
+                 device: torch.device, on_batch: Callable[[DrawnBatch], None] | None = None,
+                 **loader_options: Any) -> None:
+        self.plan = plan
+        self.pad = pad  # keep every rank at the same step count (training); False: evaluation shards
+        self.drop_last = drop_last
+        self.grad_accum = grad_accum
+        self.device = device
+        self.on_batch = on_batch
+        self.epoch = 0
+        self.batch_in_epoch = 0  # batches of this epoch already drawn: the resume point
+        self.real_count = 0  # real samples in the batch drawn last
+        self._batches = _Batches()
+        loader_options.setdefault("pin_memory", device.type == "cuda")
+        self.loader = DataLoader(dataset, batch_sampler=self._batches, **loader_options)
+
+    @property
+    def sampler(self) -> _Batches:  # the old EpochLoader's attribute
+        return self._batches
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at the beginning of ``epoch``."""
+        self.epoch, self.batch_in_epoch = epoch, 0
+
+    def __len__(self) -> int:
+        return self._steps()
+
+    def _steps(self) -> int:
+        steps = self.plan.steps_per_epoch
+        if self.drop_last and self.plan.num_samples % (self.plan.batch_size * self.plan.world_size):
+            steps = self.plan.num_samples // (self.plan.batch_size * self.plan.world_size)
+        return steps
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch, start, steps = self.epoch, self.batch_in_epoch, self._steps()
+        planned = self.plan.batches(epoch, start)[:steps - start]
+        totals = window_totals([b.global_count for b in planned], start, self.grad_accum)
+        kept = []
+        for batch in planned:
+            real = batch.indices[batch.weights > 0]
+            if len(real) == 0 and self.pad:
+                real = batch.indices[:1]  # one padding sample: this rank still takes the step
+            kept.append(real.tolist())
+        if not self.pad:
+            kept = [indices for indices in kept if indices]
+        self._batches.batches = kept
+        for offset, data in enumerate(self.loader):
+            index = start + offset
+            self.real_count = planned[offset].real_count if self.pad else len(kept[offset])
+            self.batch_in_epoch = index + 1
+            if self.on_batch is not None:
+                closes = (index + 1) % self.grad_accum == 0 or index + 1 == steps
+                self.on_batch(DrawnBatch(self.real_count, totals[offset], closes))
+            yield to_device(data, self.device)
+        self.epoch, self.batch_in_epoch = epoch + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                "global_batch": self.plan.batch_size * self.plan.world_size, "num_samples": self.plan.num_samples}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume mid-epoch where the global batch is the same (the same samples come next on any world
+        size); otherwise at the start of the next epoch, with a warning."""
+        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+        same = (state.get("global_batch") == self.plan.batch_size * self.plan.world_size
+                and state.get("num_samples") == self.plan.num_samples)
+        if self.batch_in_epoch and not same:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            if self.plan.rank == 0:
+                warnings.warn(f"the loader resumes at the start of epoch {self.epoch}: the checkpoint's global "
+                              f"batch was {state.get('global_batch')} samples, now it is "
+                              f"{self.plan.batch_size * self.plan.world_size}; the rest of epoch "
+                              f"{self.epoch - 1} is skipped (keep batch_size x world_size to resume mid-epoch)",
+                              stacklevel=2)
+
+
+def to_device(data: Any, device: torch.device) -> Any:
+    """Tensors in ``data`` (nested tuples, lists and dicts) on ``device``; everything else as it is."""
+    if device.type == "cpu":
+        return data
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, (list, tuple)):
+        moved = [to_device(item, device) for item in data]
+        return type(data)(*moved) if hasattr(data, "_fields") else type(data)(moved)
+    if isinstance(data, dict):
+        return type(data)({key: to_device(value, device) for key, value in data.items()})
+    return data
+
+
+class _Batches:
+    """A batch sampler whose batches are set per epoch (works with persistent workers)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)

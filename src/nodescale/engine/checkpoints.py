@@ -1,0 +1,161 @@
+"""``ctx.save_checkpoint`` and ``ctx.load_checkpoint``: whatever a script names, in nodescale's checkpoints.
+
+The prepared model and optimiser go through the strategy (a full state dict gathered on
+rank 0, or every rank's shards through torch.distributed.checkpoint or DeepSpeed), so
+they resume on any world size the strategy supports and ``nodescale checkpoint export``
+reads them. Everything else the dict names is kept beside them: objects with
+``state_dict``/``load_state_dict`` (loaders, LR schedulers, other modules) by their
+state, plain values as they are. Files, manifests, atomicity and the choice of the
+newest whole checkpoint are ``nodescale.train.checkpoint``'s, as for ``nodescale train``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nodescale.config.schema import RunConfig
+from nodescale.data.epoch_loader import EpochLoader
+from nodescale.dist.process_group import Runtime, barrier, gather_from_all
+from nodescale.errors import UserError
+from nodescale.strategies.base import Strategy, Updater
+from nodescale.train import checkpoint
+
+
+@dataclass
+class Prepared:
+    """What ``ctx.prepare`` made: the strategy's wrapped model, its optimiser and updater."""
+
+    strategy: Strategy
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    updater: Updater | None
+
+
+def _split(items: dict[str, Any], prepared: Prepared | None) -> tuple[str | None, str | None, dict, dict]:
+    """(model key, optimiser key, stateful objects, plain values) of a checkpoint dict."""
+    model_key = optimizer_key = None
+    stateful: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+    for key, value in items.items():
+        if prepared is not None and value is prepared.model:
+            model_key = key
+        elif prepared is not None and prepared.optimizer is not None and value is prepared.optimizer:
+            optimizer_key = key
+        elif hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
+            stateful[key] = value
+        else:
+            values[key] = value
+    return model_key, optimizer_key, stateful, values
+
+
+def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, prepared: Prepared | None,
+         run_dir: Path) -> Path:
+    """Every rank: write checkpoint ``step`` of ``items`` (a collective); returns its path."""
+    model_key, optimizer_key, stateful, values = _split(items, prepared)
+    _check_named(model_key, optimizer_key, prepared, "ctx.save_checkpoint")
+    loader = next((v for v in stateful.values() if isinstance(v, EpochLoader)), None)
+    position = {"epoch": loader.epoch if loader else 0, "batch_in_epoch": loader.batch_in_epoch if loader else 0,
+                "global_step": step}
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if runtime.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(runtime.device)
+    config = cfg.model_dump(mode="json")
+    if prepared is not None:
+        config["model"]["name"] = model_name(prepared.strategy.unwrap(prepared.model))
+        config["optim"]["name"] = type(prepared.optimizer).__name__.lower()
+    config["data"]["name"] = None
+    state: dict[str, Any] = {
+        "api": {"model_key": model_key, "optimizer_key": optimizer_key, "values": values,
+                "stateful": {key: value.state_dict() for key, value in stateful.items()}},
+        "updater": prepared.updater.state_dict() if prepared and prepared.updater else {},
+        "position": position,
+        "world_size": runtime.world_size,
+        "batch_size": loader.plan.batch_size if loader else None,
+        "rng": gather_from_all(runtime, rng),  # a collective
+        "config": config,
+    }
+    keep = cfg.checkpoint.keep_last
+    if prepared is not None and _sharded(cfg, prepared.strategy):
+        state["layout"] = prepared.strategy.sharded_layout
+        return checkpoint.write_sharded(
+            run_dir, step, runtime.is_main, lambda: barrier(runtime),
+            lambda directory: prepared.strategy.save_sharded(prepared.model, prepared.optimizer, directory),
+            lambda: state, keep)
+    if prepared is not None:
+        state.update(prepared.strategy.state_dict(prepared.model, prepared.optimizer))  # a collective
+    path = checkpoint.checkpoint_path(run_dir, step)
+    if runtime.is_main:
+        checkpoint.save(run_dir, step, state, keep)
+    barrier(runtime)  # nobody reads the checkpoint (or leaves) before it is there
+    return path
+
+
+def load(items: dict[str, Any], runtime: Runtime, prepared: Prepared | None, run_dir: Path) -> dict[str, Any] | None:
+    """Every rank: load the newest whole checkpoint into ``items``; its plain values, or None if there is none."""
+    found = checkpoint.load_newest(run_dir, collective=runtime.distributed)
+    if found is None:
+        return None
+    state, path = found
+    if "api" not in state:
+        raise UserError(f"checkpoint {path}", "was written by `nodescale train`, not by ctx.save_checkpoint",
+                        "load its weights with `nodescale checkpoint export`, or use another out= directory")
+    model_key, optimizer_key, stateful, _ = _split(items, prepared)
+    _check_named(model_key, optimizer_key, prepared, "ctx.load_checkpoint")
+    saved = state["api"]
+    try:
+        if prepared is not None:
+            if "model" in state:
+                prepared.strategy.load_state_dict(prepared.model, prepared.optimizer, state)
+            else:
+                prepared.strategy.load_sharded(prepared.model, prepared.optimizer, path)
+            if prepared.updater is not None and state.get("updater"):
+                prepared.updater.load_state_dict(state["updater"])
+        for key, value in stateful.items():
+            if key not in saved["stateful"]:
+                raise UserError(f"ctx.load_checkpoint: key {key!r}", f"is not in checkpoint {path}",
+                                f"it holds {', '.join(sorted([*saved['stateful'], *saved['values']]))}")
+            value.load_state_dict(saved["stateful"][key])
+    except (RuntimeError, KeyError, ValueError) as exc:  # shapes or optimiser groups that do not fit
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"checkpoint {path}", f"does not fit this script's objects ({first_line})",
+                        "load it into the model and optimiser it was saved from, or use another out=") from None
+    if state["world_size"] == runtime.world_size:  # the same ranks draw the same random numbers on
+        rng = state["rng"][runtime.rank]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and runtime.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], runtime.device)
+    if runtime.is_main:
+        print(f"nodescale: resumed from {path} (step {state['position']['global_step']})", flush=True)
+    return {**saved["values"], "step": state["position"]["global_step"], "path": str(path)}
+
+
+def _sharded(cfg: RunConfig, strategy: Strategy) -> bool:
+    fmt = cfg.checkpoint.format
+    return fmt == "sharded" or (fmt == "auto" and strategy.name in ("fsdp", "deepspeed"))
+
+
+def _check_named(model_key: str | None, optimizer_key: str | None, prepared: Prepared | None, call: str) -> None:
+    """A checkpoint holds the prepared model and optimiser together: the strategy saves them as one."""
+    if prepared is None:
+        return
+    if prepared.optimizer is None:
+        raise UserError(f"{call}({{...}})", "needs the model and its optimiser prepared together",
+                        "model, optimizer = ctx.prepare(model, optimizer)")
+    if model_key is None or optimizer_key is None:
+        missing = "model" if model_key is None else "optimizer"
+        raise UserError(f"{call}({{...}})", f"the dict does not name the {missing} that ctx.prepare returned",
+                        '{"model": model, "optimizer": optimizer, ...} with the objects ctx.prepare returned')
+
+
+def model_name(model: nn.Module) -> str:
+    """The class name the user wrote (FSDP2 subclasses it as ``FSDP<Name>``)."""
+    from nodescale.models.introspect import unwrap
+
+    return next(c.__name__ for c in type(unwrap(model)).__mro__ if not c.__name__.startswith("FSDP"))
