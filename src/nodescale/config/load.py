@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from nodescale.config.schema import RunConfig
 from nodescale.errors import UserError, did_you_mean
+from nodescale.plugins.refs import absolute_ref
 
 
 def load_config(
@@ -88,7 +89,8 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
 
 
 def with_absolute_inputs(cfg: RunConfig, base: Path | None = None) -> RunConfig:
-    """``cfg`` with its input paths (``data.dir``, ``strategy.deepspeed_config``) made absolute.
+    """``cfg`` with its input paths made absolute: ``data.dir``, ``strategy.deepspeed_config``,
+    ``model.weights``, and the files of ``FILE.py:FN`` in ``model.name``, ``data.name`` and ``train.loss``.
 
     A relative path means the directory the command was typed in (``base``, default the
     current one). Stored absolute in the run's config.yaml, it still names the same files when
@@ -100,11 +102,18 @@ def with_absolute_inputs(cfg: RunConfig, base: Path | None = None) -> RunConfig:
     def absolute(path: Path | None) -> Path | None:
         return None if path is None or path.is_absolute() else base / path
 
-    updates = {}
-    if (data_dir := absolute(cfg.data.dir)) is not None:
-        updates["data"] = cfg.data.model_copy(update={"dir": data_dir})
-    if (ds_config := absolute(cfg.strategy.deepspeed_config)) is not None:
-        updates["strategy"] = cfg.strategy.model_copy(update={"deepspeed_config": ds_config})
+    wanted = {
+        "data": {"dir": absolute(cfg.data.dir), "name": absolute_ref(cfg.data.name, base)},
+        "strategy": {"deepspeed_config": absolute(cfg.strategy.deepspeed_config)},
+        "model": {"weights": absolute(cfg.model.weights), "name": absolute_ref(cfg.model.name, base)},
+        "train": {"loss": absolute_ref(cfg.train.loss, base)},
+    }
+    updates: dict[str, Any] = {}
+    for name, fields in wanted.items():
+        section = getattr(cfg, name)
+        new = {key: value for key, value in fields.items() if value is not None and value != getattr(section, key)}
+        if new:
+            updates[name] = section.model_copy(update=new)
     return cfg.model_copy(update=updates) if updates else cfg
 
 

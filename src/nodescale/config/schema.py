@@ -12,14 +12,17 @@ and ``nodescale config show`` should answer instantly.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nodescale.config.combinations import check_combinations
 from nodescale.data.registry import DATASETS
 from nodescale.errors import UserError, unknown_choice
 from nodescale.models.registry import MODELS
+from nodescale.plugins.refs import check_ref, is_plugin
 
+LOSSES = ("auto", "cross_entropy", "mse")
 STRATEGIES = ("single", "dp", "ddp", "fsdp", "deepspeed")
 # Strategies that run one process per device and so start --nproc local processes.
 MULTI_PROCESS_STRATEGIES = ("ddp", "fsdp", "deepspeed")
@@ -32,7 +35,17 @@ class Section(BaseModel):
 
 
 class ModelSection(Section):
-    name: str = Field("cnn", description="model to train (see `nodescale models`)")
+    name: str = Field(
+        "cnn", description="model to train: a built-in one (see `nodescale models`), or your function that "
+        "returns an nn.Module, FILE.py:FUNCTION or package.module:FUNCTION"
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of your model function, e.g. --set model.args.width=64"
+    )
+    weights: Path | None = Field(
+        None, description="a local state dict file (torch.save) loaded into the model once built, before the "
+        "strategy wraps it"
+    )
     stem: Literal["auto", "imagenet", "cifar"] = Field(
         "auto", description="ResNet stem: imagenet (7x7/2 + maxpool), cifar (3x3/1), auto by image size"
     )
@@ -44,13 +57,29 @@ class ModelSection(Section):
     @field_validator("name")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value not in MODELS:
+        if is_plugin(value):
+            check_ref("model", value)  # reads the file, runs none of it
+        elif value not in MODELS:
             raise unknown_choice("model", value, MODELS)
+        return value
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise UserError(f"model.weights {str(value)!r}", "is not a file",
+                            "give the path of a state dict saved with torch.save(model.state_dict(), PATH)")
         return value
 
 
 class DataSection(Section):
-    name: str = Field("digits", description="dataset (see `nodescale datasets`)")
+    name: str = Field(
+        "digits", description="dataset: a built-in one (see `nodescale datasets`), or your function that returns "
+        "(train, val) datasets of (input, target), FILE.py:FUNCTION or package.module:FUNCTION"
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of your dataset function, e.g. --set data.args.root=/x"
+    )
     dir: Path | None = Field(None, description="directory (or file, for hdf5) holding the dataset")
     val_fraction: float = Field(
         0.2, gt=0.0, lt=1.0, description="share held out for validation when the dataset has no test split"
@@ -66,7 +95,9 @@ class DataSection(Section):
     @field_validator("name")
     @classmethod
     def _known_dataset(cls, value: str) -> str:
-        if value not in DATASETS:
+        if is_plugin(value):
+            check_ref("dataset", value)
+        elif value not in DATASETS:
             raise unknown_choice("dataset", value, DATASETS)
         return value
 
@@ -103,6 +134,10 @@ class TrainSection(Section):
         5, ge=0, description="optimiser steps excluded from throughput and step-time figures"
     )
     progress: bool = Field(True, description="show a progress bar on rank 0")
+    loss: str = Field(
+        "auto", description="per-sample loss: auto (cross_entropy for classification, mse for regression), "
+        "cross_entropy, mse, or your function (output, target) -> losses of shape (batch,), FILE.py:FUNCTION"
+    )
     activation_checkpointing: bool = Field(
         False, description="recompute each repeated block's activations in backward instead of keeping them"
     )
@@ -114,6 +149,15 @@ class TrainSection(Section):
         300.0, ge=0, description="fail the job when a rank makes no progress for this many seconds, naming it "
         "(0: no heartbeat watchdog)"
     )
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, value: str) -> str:
+        if is_plugin(value):
+            check_ref("loss", value)
+        elif value not in LOSSES:
+            raise unknown_choice("loss", value, LOSSES)
+        return value
 
     @field_validator("stop_signals")
     @classmethod
@@ -147,6 +191,10 @@ class StrategySection(Section):
     deepspeed_config: Path | None = Field(
         None, description="DeepSpeed JSON config (ds_config.json); nodescale fills in what it leaves out"
     )
+    fsdp_units: list[str] = Field(
+        default_factory=list, description="class names of the modules that become FSDP units and activation "
+        "checkpointing blocks (comma-separated); default: the model's own (see docs/training.md)"
+    )
     cpu_offload: Literal["none", "optimizer", "all"] = Field(
         "none", description="keep state in host memory: optimizer (DeepSpeed: optimiser state) or all (FSDP: "
         "parameters, gradients and optimiser; DeepSpeed ZeRO-3: optimiser and parameters); needs a GPU"
@@ -158,6 +206,15 @@ class StrategySection(Section):
         if value not in STRATEGIES:
             raise unknown_choice("strategy", value, STRATEGIES)
         return value
+
+    @field_validator("fsdp_units", mode="before")
+    @classmethod
+    def _class_names(cls, value: object) -> list[str]:
+        parts = [p for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+        if not isinstance(parts, (list, tuple)) or not all(str(p).strip().isidentifier() for p in parts):
+            raise UserError(f"strategy.fsdp_units {value!r}", "must be class names, comma-separated",
+                            "e.g. --set strategy.fsdp_units=TransformerBlock,Embeddings")
+        return [str(part).strip() for part in parts]
 
     @field_validator("nproc", mode="before")
     @classmethod
@@ -285,96 +342,3 @@ class RunConfig(Section):
     def _consistent(self) -> RunConfig:
         check_combinations(self)
         return self
-
-
-def check_combinations(cfg: RunConfig) -> None:
-    """Reject combinations that cannot run, each with the fix."""
-    strategy = cfg.strategy
-    nproc = strategy.nproc
-    if strategy.name in ("single", "dp") and isinstance(nproc, int) and nproc > 1:
-        raise UserError(
-            f"strategy {strategy.name!r} with nproc {nproc}",
-            f"{strategy.name} runs in one process",
-            "use --strategy ddp for several processes",
-        )
-    if strategy.sync_batchnorm and strategy.name not in ("ddp", "fsdp"):
-        raise UserError(
-            f"sync_batchnorm with strategy {strategy.name!r}",
-            "synchronised BatchNorm is available with ddp and fsdp"
-            + (" (DeepSpeed's engine does not take nodescale's SyncBatchNorm)" if strategy.name == "deepspeed"
-               else " (several processes)"),
-            "use --strategy ddp or fsdp, or drop --sync-batchnorm",
-        )
-    if strategy.sharding != "full" and strategy.name != "fsdp":
-        raise UserError(
-            f"sharding {strategy.sharding!r} with strategy {strategy.name!r}",
-            "--sharding applies to --strategy fsdp",
-            "use --strategy fsdp, or drop --sharding",
-        )
-    deepspeed_only = [name for name, value in (("zero_stage", strategy.zero_stage),
-                                               ("deepspeed_config", strategy.deepspeed_config)) if value is not None]
-    if deepspeed_only and strategy.name != "deepspeed":
-        raise UserError(
-            f"{deepspeed_only[0]} with strategy {strategy.name!r}",
-            "--zero-stage and --deepspeed-config apply to --strategy deepspeed",
-            "use --strategy deepspeed, or drop them (FSDP's --sharding full is ZeRO-3's counterpart)",
-        )
-    if strategy.cpu_offload != "none" and strategy.name not in ("fsdp", "deepspeed"):
-        raise UserError(
-            f"cpu_offload {strategy.cpu_offload!r} with strategy {strategy.name!r}",
-            "CPU offload applies to --strategy fsdp or deepspeed",
-            "use one of them, or drop --cpu-offload",
-        )
-    if strategy.cpu_offload == "optimizer" and strategy.name == "fsdp":
-        raise UserError(
-            "cpu_offload 'optimizer' with strategy 'fsdp'",
-            "FSDP offloads parameters, gradients and optimiser state together",
-            "use --cpu-offload all, or --strategy deepspeed for optimiser-only offload",
-        )
-    if strategy.name == "deepspeed" and cfg.checkpoint.format == "full":
-        raise UserError(
-            "checkpoint format 'full' with strategy 'deepspeed'",
-            "DeepSpeed writes its own sharded checkpoints",
-            "drop --checkpoint-format (nodescale checkpoint export makes one file of the weights)",
-        )
-    if strategy.name == "deepspeed" and cfg.train.compile:
-        raise UserError("compile with strategy 'deepspeed'", "not supported by nodescale's DeepSpeed strategy",
-                        "drop --compile, or use --strategy fsdp or ddp")
-    if cfg.train.precision == "fp16" and strategy.name == "fsdp":
-        raise UserError(
-            "precision 'fp16' with strategy 'fsdp'",
-            "not supported yet (fp16 needs a gradient scaler for sharded gradients)",
-            "use --precision bf16 (no scaler needed), or --strategy ddp",
-        )
-    if cfg.train.activation_checkpointing and not MODELS[cfg.model.name].has_blocks:
-        raise UserError(
-            f"--activation-checkpointing with model {cfg.model.name!r}",
-            "the model declares no repeated blocks to recompute",
-            "use cnn, a ResNet or a ViT, or drop --activation-checkpointing",
-        )
-    model_task = MODELS[cfg.model.name].task
-    data_task = DATASETS[cfg.data.name].task
-    if model_task != "any" and data_task != "any" and model_task != data_task:
-        compatible = sorted(n for n, d in DATASETS.items() if d.task in (model_task, "any"))
-        raise UserError(
-            f"model {cfg.model.name!r} with dataset {cfg.data.name!r}",
-            f"the model does {model_task} but the dataset is for {data_task}",
-            f"use one of these datasets: {', '.join(compatible)}",
-        )
-    if DATASETS[cfg.data.name].needs_dir and cfg.data.dir is None:
-        raise UserError(
-            f"dataset {cfg.data.name!r}",
-            "needs the location of its files",
-            f"pass --data-dir PATH ({DATASETS[cfg.data.name].layout})",
-        )
-    if cfg.checkpoint.resume and cfg.out is None:
-        raise UserError(
-            "--resume without --out",
-            "resuming needs the run directory that holds the checkpoints",
-            "pass --out DIR of the run to continue",
-        )
-    if cfg.train.precision == "fp16" and cfg.strategy.name == "dp":
-        # GradScaler with DataParallel replicas is a known source of silent inf/NaN skips.
-        raise UserError(
-            "precision 'fp16' with strategy 'dp'", "not supported", "use --precision bf16, or --strategy ddp"
-        )

@@ -3,6 +3,8 @@
 Each entry names the module holding the format's ``FORMAT`` object (see
 ``nodescale.data.base.DatasetFormat``) and what it needs, so configurations are
 validated before torch loads. Adding a format is one file plus one line here.
+A name ``FILE.py:FUNCTION`` (or ``package.module:FUNCTION``) is the user's own
+dataset function instead (``nodescale.plugins.data``).
 """
 
 from __future__ import annotations
@@ -69,7 +71,11 @@ DATASETS: dict[str, DatasetEntry] = {
 
 
 def get_format(name: str) -> DatasetFormat:
-    """The format object registered under ``name``."""
+    """The format object registered under ``name``, or the user's dataset function (``FILE.py:FN``)."""
+    if ":" in name:
+        from nodescale.plugins.data import PluginFormat
+
+        return PluginFormat(name)
     if name not in DATASETS:
         raise unknown_choice("dataset", name, DATASETS)
     return DATASETS[name].load_format()

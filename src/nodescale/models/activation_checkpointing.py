@@ -13,7 +13,7 @@ use the batch statistics without updating the running ones, as in the first pass
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
 from torch import nn
@@ -23,14 +23,15 @@ from nodescale.errors import UserError
 from nodescale.models.introspect import repeated_blocks
 
 
-def apply_activation_checkpointing(model: nn.Module, model_name: str) -> int:
-    """Checkpoint every repeated block of ``model``; returns how many blocks."""
-    blocks = repeated_blocks(model)
+def apply_activation_checkpointing(model: nn.Module, model_name: str, unit_names: Sequence[str] = ()) -> int:
+    """Checkpoint every repeated block of ``model`` (``unit_names``: class names that win); returns how many."""
+    blocks = repeated_blocks(model, unit_names)
     if not blocks:
         raise UserError(
             f"--activation-checkpointing with model {model_name!r}",
-            "the model declares no repeated blocks to recompute",
-            "use cnn, a ResNet or a ViT, or drop --activation-checkpointing",
+            "no repeated blocks to recompute: the model declares no block_types, has no Hugging Face "
+            "_no_split_modules and no nn.ModuleList",
+            "name its block class: --set strategy.fsdp_units=MyBlock, or drop --activation-checkpointing",
         )
     for block in blocks:
         checkpoint(block, context_fn=_contexts_for(block))

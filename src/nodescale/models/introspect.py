@@ -4,19 +4,24 @@
 checkpointing); ``forward_flops_per_sample`` gives the work per sample for
 model FLOPs utilisation (MFU).
 
-Each model class declares its repeated blocks with a class attribute::
+Each built-in model class declares its repeated blocks with a class attribute::
 
     class ResNet(nn.Module):
         block_types: tuple[type[nn.Module], ...] = (BasicBlock, Bottleneck)
+
+Other models (the user's, Hugging Face's) are searched by the rules of
+``repeated_blocks``.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
+from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
 
@@ -31,20 +36,61 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks (instances of its ``block_types``) in forward order.
+def repeated_blocks(model: nn.Module, unit_names: Sequence[str] = ()) -> list[nn.Module]:
+    """The model's repeated blocks in forward order: the units of FSDP and activation checkpointing.
 
-    Wrappers are seen through. The order is that of ``model.modules()``, which
-    is the forward order for every model here because each registers its
-    blocks in the order it calls them. A model that declares no
-    ``block_types`` (or an empty tuple, like ``toy``) gives an empty list:
-    callers then treat the whole model as one unit.
+    Wrappers are seen through. The first rule that applies picks them:
+
+    1. ``unit_names`` (``strategy.fsdp_units``): modules of those class names;
+    2. the class's declared ``block_types`` (an empty tuple, like ``toy``'s: none);
+    3. Hugging Face's ``_no_split_modules``: modules of those class names;
+    4. the items of the model's ``nn.ModuleList`` holding the most parameters.
+
+    Rules 1 and 3 take the outermost matches only (a unit inside a unit would be
+    wrapped twice). The order is that of ``model.modules()``, the forward order
+    when a model registers its blocks in the order it calls them, as every model
+    here does. An empty list: callers treat the whole model as one unit.
     """
     inner = unwrap(model)
-    block_types = getattr(type(inner), "block_types", ())
-    if not block_types:
+    if unit_names:
+        wanted = set(unit_names)
+        found = _outermost(inner, lambda module: type(module).__name__ in wanted)
+        if not found:
+            raise UserError(f"strategy.fsdp_units {','.join(unit_names)}", "no module of the model has these classes",
+                            f"classes in the model: {', '.join(_class_names(inner))}")
+        return found
+    block_types = getattr(type(inner), "block_types", None)
+    if block_types is not None:
+        return [module for module in inner.modules() if isinstance(module, tuple(block_types))] if block_types else []
+    no_split = set(getattr(inner, "_no_split_modules", None) or ())
+    if no_split and (found := _outermost(inner, lambda module: type(module).__name__ in no_split)):
+        return found
+    lists = [module for module in inner.modules() if isinstance(module, nn.ModuleList) and len(module) > 0]
+    if not lists:
         return []
-    return [module for module in inner.modules() if isinstance(module, block_types)]
+    largest = max(lists, key=lambda items: sum(p.numel() for p in items.parameters()))  # the first, on a tie
+    return list(largest)
+
+
+def _outermost(model: nn.Module, matches: Callable[[nn.Module], bool]) -> list[nn.Module]:
+    """Modules below ``model`` that ``matches``, skipping those inside one already taken."""
+    found: list[nn.Module] = []
+    taken: list[str] = []
+    for name, module in model.named_modules():
+        if module is model or any(name.startswith(prefix) for prefix in taken):
+            continue
+        if matches(module):
+            found.append(module)
+            taken.append(name + ".")
+    return found
+
+
+def _class_names(model: nn.Module, limit: int = 12) -> list[str]:
+    """Class names of ``model``'s modules, the most frequent first (repeated blocks lead)."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        counts[type(module).__name__] = counts.get(type(module).__name__, 0) + 1
+    return sorted(counts, key=lambda name: -counts[name])[:limit]
 
 
 def _meta_copy(model: nn.Module) -> nn.Module:

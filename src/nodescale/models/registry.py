@@ -80,7 +80,15 @@ MODELS: dict[str, ModelEntry] = {
 
 
 def build_model(cfg: ModelSection, spec: InputSpec) -> nn.Module:
-    """The model named in ``cfg``, shaped for samples described by ``spec``."""
+    """The model named in ``cfg``, shaped for samples described by ``spec``.
+
+    A name ``FILE.py:FUNCTION`` (or ``package.module:FUNCTION``) is the user's own
+    function, called with ``cfg.args``; it does not need ``spec``.
+    """
+    if ":" in cfg.name:
+        from nodescale.plugins.build import build_user_model
+
+        return build_user_model(cfg)
     if cfg.name not in MODELS:
         raise unknown_choice("model", cfg.name, MODELS)
     return MODELS[cfg.name].build(cfg, spec)

@@ -1,7 +1,8 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters, gradients and optimiser state sharded.
 
-Each repeated block the model declares (``models.introspect.repeated_blocks``)
-becomes one FSDP unit, then the root takes the rest. ``sharding`` picks how:
+Each repeated block of the model (``models.introspect.repeated_blocks``: declared,
+Hugging Face's, found, or named by ``strategy.fsdp_units``) becomes one FSDP unit,
+then the root takes the rest. ``sharding`` picks how:
 
 * ``full``: shard over every rank, free the gathered parameters after forward;
 * ``grad-op``: shard, but keep parameters gathered from forward to backward
@@ -83,7 +84,7 @@ class FSDPStrategy(TorchNative):
         }
         if self.cfg.cpu_offload == "all":
             options["offload_policy"] = self.offload_policy(runtime)
-        for block in repeated_blocks(model):
+        for block in repeated_blocks(model, self.cfg.fsdp_units):
             fully_shard(block, **options)
         fully_shard(model, **options)
         return model

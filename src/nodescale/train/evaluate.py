@@ -17,7 +17,7 @@ from torch import nn
 
 from nodescale.data.loader import StepLoader
 from nodescale.models.spec import Task
-from nodescale.train.loss import correct, per_sample_loss
+from nodescale.train.loss import LossFn, correct, model_output, per_sample_loss
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,13 @@ class EvalResult:
 
 
 def evaluate(
-    model: nn.Module, loader: StepLoader, task: Task, autocast: torch.autocast, distributed: bool
+    model: nn.Module, loader: StepLoader, task: Task, autocast: torch.autocast, distributed: bool,
+    loss: LossFn | None = None,
 ) -> EvalResult:
-    """Loss and accuracy of ``model`` over the loader's whole dataset, reduced over ranks."""
+    """Loss and accuracy of ``model`` over the loader's whole dataset, reduced over ranks.
+
+    ``loss``: the run's per-sample loss (default: the task's, as :func:`per_sample_loss` picks).
+    """
     device = loader.device
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     was_training = model.training
@@ -38,8 +42,9 @@ def evaluate(
     with torch.no_grad():
         for batch in loader.epoch(0):
             with autocast:
-                output = model(batch.x)
-            totals[0] += (per_sample_loss(output, batch.y, task) * batch.weights).sum()
+                output = model_output(model(batch.x))
+            losses = loss(output, batch.y) if loss is not None else per_sample_loss(output, batch.y, task)
+            totals[0] += (losses * batch.weights).sum()
             hits = correct(output, batch.y, task)
             if hits is not None:
                 totals[1] += (hits * batch.weights).sum()

@@ -29,8 +29,8 @@ from nodescale.dist.process_group import Runtime, abandon, barrier, shutdown, st
 from nodescale.dist.watchdog import Watchdog, open_store
 from nodescale.errors import UserError
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
-from nodescale.models.registry import build_model
 from nodescale.observe.loggers import make_sinks
+from nodescale.plugins.build import build_for_run
 from nodescale.strategies import make_strategy
 from nodescale.train import checkpoint
 from nodescale.train.backends import configure_math
@@ -157,12 +157,13 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float, stop
         barrier(runtime)
         splits = data_format.load(cfg.data, cfg.train.seed)
 
-        model = build_model(cfg.model, splits.spec)
-        channels_last = cfg.train.channels_last and splits.spec.is_image
+        # The user's model, data or loss (FILE.py:FN) are checked here, on every rank alike.
+        model, spec = build_for_run(cfg, splits)
+        channels_last = cfg.train.channels_last and spec.is_image
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
         if cfg.train.activation_checkpointing:
-            apply_activation_checkpointing(model, cfg.model.name)
+            apply_activation_checkpointing(model, cfg.model.name, cfg.strategy.fsdp_units)
         wrapped = strategy.wrap(model, runtime)
         optimizer = make_optimizer(cfg.optim, wrapped, runtime.device)
         updater = strategy.make_updater(wrapped, optimizer, cfg)
@@ -182,7 +183,7 @@ def _train(cfg: RunConfig, runtime: Runtime, strategy: Any, started: float, stop
             total_steps = min(total_steps, cfg.train.max_steps)
         scheduler = make_scheduler(cfg.optim, optimizer, total_steps)
         trainer = Trainer(cfg, runtime, strategy, updater, runner, optimizer, scheduler, train_loader, val_loader,
-                          splits.spec.task, run_dir, console, metrics)
+                          spec.task, run_dir, console, metrics)
         if runtime.is_main:
             console.print(
                 f"nodescale: {cfg.model.name} on {cfg.data.name} ({len(splits.train)} train / {len(splits.val)} val), "

@@ -7,13 +7,22 @@ from pathlib import Path
 
 from nodescale.config.schema import RunConfig
 from nodescale.errors import UserError
+from nodescale.plugins.refs import is_plugin, parse_ref
 
 RUNS_ROOT = Path("runs")
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
-    """``runs/<model>-<dataset>-<YYYYmmdd-HHMMSS>`` under the current directory."""
-    return RUNS_ROOT / f"{cfg.model.name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """``runs/<model>-<dataset>-<YYYYmmdd-HHMMSS>`` under the current directory.
+
+    The user's ``/abs/path/mynet.py:build`` counts as ``mynet``: a path would nest
+    directories, and its characters are not all safe in file names.
+    """
+    return RUNS_ROOT / f"{_label(cfg.model.name)}-{_label(cfg.data.name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _label(name: str) -> str:
+    return parse_ref("model", name).label if is_plugin(name) else name
 
 
 def run_files_in(run_dir: Path) -> list[str]:

@@ -31,7 +31,7 @@ from nodescale.train import checkpoint
 from nodescale.train.clock import TrainClock, current_memory_bytes, peak_memory_bytes, synchronize
 from nodescale.train.console import Console
 from nodescale.train.evaluate import EvalResult, evaluate
-from nodescale.train.loss import per_sample_loss
+from nodescale.train.loss import make_loss, model_output
 from nodescale.train.metrics_log import MetricsLog
 from nodescale.train.preemption import StopRequest
 
@@ -95,6 +95,7 @@ class Trainer:
         self.train_loader = train_loader
         self.val_loader = val_loader
         self.task = task
+        self.loss = make_loss(cfg.train.loss, task)  # per sample: auto (by task), cross_entropy, mse or the user's
         self.run_dir = run_dir
         self.console = console
         self.metrics = metrics
@@ -307,8 +308,8 @@ class Trainer:
     def _micro_step(self, batch: Any, window_total: int, closes_window: bool, window: _Window) -> None:
         with self.updater.accumulating(closes_window):
             with self.autocast:
-                output = self.runner(batch.x)
-            losses = per_sample_loss(output, batch.y, self.task)
+                output = model_output(self.runner(batch.x))
+            losses = self.loss(output, batch.y)
             full = batch.real_count == len(batch.y)  # nearly every batch: padding needs no masking
             loss_sum = losses.sum() if full else (losses * batch.weights).sum()
             loss = loss_sum * (self.runtime.world_size / window_total)
@@ -374,7 +375,7 @@ class Trainer:
         # Evaluate through the strategy's wrapper so sharded strategies gather
         # their parameters; DDP's wrapper is bypassed (its forward would sync buffers).
         model = self.strategy.unwrap(self.model) if self.strategy.name == "ddp" else self.runner
-        return evaluate(model, self.val_loader, self.task, self.autocast, self.runtime.distributed)
+        return evaluate(model, self.val_loader, self.task, self.autocast, self.runtime.distributed, self.loss)
 
     def peak_memory(self) -> tuple[int, str]:
         return peak_memory_bytes(self.device)
