@@ -21,7 +21,6 @@ function ``nodescale.spawn`` on the package with the module.
 
 from __future__ import annotations
 
-import inspect
 import multiprocessing
 import os
 import signal
@@ -39,7 +38,7 @@ from nodescale.dist.env import LOOPBACK
 from nodescale.dist.local_launch import describe_failure
 from nodescale.dist.ports import free_port
 from nodescale.dist.worker_group import _die_with_parent, worker_environment
-from nodescale.errors import UserError, did_you_mean
+from nodescale.errors import UserError
 
 # How long ranks told to stop (after another failed) get before SIGKILL: they only need to exit,
 # not to checkpoint, and the user is waiting in front of the cell.
@@ -72,7 +71,7 @@ def spawn(fn: Callable[..., Any], *args: Any, nproc: int = 2, **init_options: An
     The processes are forked (functions defined in a notebook work), so CUDA must not have
     been initialised in the calling process: do all GPU work inside ``fn``.
     """
-    _check_can_spawn(fn, nproc, init_options)
+    _check_can_spawn(fn, nproc)
     context = multiprocessing.get_context("fork")
     port = free_port(LOOPBACK)
     run_id = uuid.uuid4().hex
@@ -96,7 +95,7 @@ def spawn(fn: Callable[..., Any], *args: Any, nproc: int = 2, **init_options: An
             reader.close()
 
 
-def _check_can_spawn(fn: Callable[..., Any], nproc: int, init_options: dict[str, Any]) -> None:
+def _check_can_spawn(fn: Callable[..., Any], nproc: int) -> None:
     """Refuse, before any process starts, what cannot work in a forked child."""
     if not callable(fn):
         raise UserError(f"nodescale.spawn({fn!r})", "the first argument must be a function fn(ctx, *args)")
@@ -108,7 +107,7 @@ def _check_can_spawn(fn: Callable[..., Any], nproc: int, init_options: dict[str,
     import torch
     import torch.distributed as dist
 
-    from nodescale import api
+    import nodescale.api  # noqa: F401  imported once here, not once per child
 
     if torch.cuda.is_initialized():
         raise UserError("CUDA is already initialised in this process",
@@ -119,14 +118,6 @@ def _check_can_spawn(fn: Callable[..., Any], nproc: int, init_options: dict[str,
         raise UserError("a process group is already up in this process",
                         "the spawned processes would inherit it instead of forming their own",
                         "call ctx.close() (or dist.destroy_process_group()) before nodescale.spawn")
-    parameters = inspect.signature(api.init).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return  # init takes any keyword: it checks them itself
-    for name in init_options:
-        if name not in parameters:
-            guess = did_you_mean(name, parameters)
-            raise UserError(f"nodescale.spawn option {name}=", "is not an argument of nodescale.init",
-                            f"did you mean {guess}=?" if guess else f"choose from: {', '.join(parameters)}")
 
 
 def _run_rank(fn: Callable[..., Any], args: tuple[Any, ...], init_options: dict[str, Any],
@@ -143,60 +134,62 @@ def _run_rank(fn: Callable[..., Any], args: tuple[Any, ...], init_options: dict[
     # GNU OpenMP is not fork-safe: once the parent ran a parallel region, a child asking for
     # several threads waits forever for threads that were not forked.
     torch.set_num_threads(1)
-    sent = False
+    in_fn = False
     try:
         from nodescale import api
 
         with api.init(**init_options) as ctx:
+            in_fn = True
             try:
                 result = fn(ctx, *args)
             except BaseException as exc:
-                # Sent before the group is abandoned, so this report reaches the parent before
-                # the other ranks' "connection closed" errors that leaving causes.
-                sent = _send_failure(writer, exc)
+                # Sent before the group is abandoned, so its time stamp precedes the other ranks'
+                # "connection closed" errors that leaving causes.
+                _send_failure(writer, exc)
                 raise
+            in_fn = False
         writer.send(("ok", result if rank == 0 else None))
     except BaseException as exc:
-        if not sent:
-            _send_failure(writer, exc)
+        if not in_fn:  # init refused or close failed; a UserError from init is re-raised as it is
+            _send_failure(writer, exc, exc if isinstance(exc, UserError) else None)
         sys.exit(1)
     finally:
         writer.close()
 
 
-def _send_failure(writer: Connection, exc: BaseException) -> bool:
+def _send_failure(writer: Connection, exc: BaseException, user_error: UserError | None = None) -> None:
     # Without this module's own frame (_run_rank), the traceback starts at the user's function.
     tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
     text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
     summary = traceback.format_exception_only(exc)[-1].strip()
     with suppress(OSError):
-        # When it failed: the system-wide monotonic clock orders reports that arrive together.
-        writer.send(("error", summary, text, time.monotonic()))
-    return True
+        # The system-wide monotonic clock orders reports that arrive together.
+        writer.send(("error", summary, text, time.monotonic(), user_error))
 
 
 def _result_of(children: dict[int, BaseProcess], readers: dict[int, Connection], nproc: int) -> Any:
-    """Rank 0's value once every rank has exited cleanly; SpawnError at the first failure."""
+    """Rank 0's value once every rank has exited cleanly; the first failure's error otherwise."""
     messages: dict[int, tuple[Any, ...]] = {}
     running = set(children)
+    seen_alive = dict.fromkeys(children, time.monotonic())
     while running:
         waiting = [readers[rank] for rank in running if rank not in messages]
         wait(waiting + [children[rank].sentinel for rank in running])
-        failures: list[tuple[float, SpawnError]] = []
         for rank in sorted(running):
             if rank not in messages:
                 message = _receive(readers[rank])
                 if message is not None:
                     messages[rank] = message
-            if not children[rank].is_alive():
+            if children[rank].is_alive():
+                seen_alive[rank] = time.monotonic()
+            else:
                 running.discard(rank)
                 if rank not in messages:  # it may have written just before exiting
-                    messages[rank] = _receive(readers[rank]) or ("lost", time.monotonic())
-            failure = _failure(rank, children[rank], messages.get(rank), nproc)
-            if failure is not None:
-                failures.append(failure)
+                    messages[rank] = _receive(readers[rank]) or ("lost", seen_alive[rank], time.monotonic())
+        failures = [failure for rank in sorted(messages)
+                    if (failure := _failure(rank, children[rank], messages[rank], nproc)) is not None]
         if failures:
-            # The rank that failed first is the cause; the others mostly lost their peer.
+            # The rank that failed first is the cause; the others mostly lost their peer then.
             raise min(failures, key=lambda failure: failure[0])[1]
     return messages[0][1]
 
@@ -209,17 +202,23 @@ def _receive(reader: Connection) -> tuple[Any, ...] | None:
         return None
 
 
-def _failure(rank: int, child: BaseProcess, message: tuple[Any, ...] | None,
-             nproc: int) -> tuple[float, SpawnError] | None:
-    """When rank ``rank`` failed and the error that says how, or None if it has not failed."""
-    if message is not None and message[0] == "error":
-        _, summary, text, when = message
+def _failure(rank: int, child: BaseProcess, message: tuple[Any, ...],
+             nproc: int) -> tuple[float, Exception] | None:
+    """When rank ``rank`` failed and the error that says how; None if it has not failed."""
+    if message[0] == "error":
+        _, summary, text, when, user_error = message
+        if user_error is not None:
+            return when, user_error
         return when, SpawnError(f"rank {rank} of {nproc} raised {summary}; the other ranks were stopped.\n"
                                 f"Its traceback:\n{text.rstrip()}", rank, child.exitcode, text)
-    if message is not None and message[0] == "lost":
+    if message[0] == "lost":
+        _, last_seen_alive, noticed = message
         code = child.exitcode if child.exitcode is not None else 0
-        return message[1], SpawnError(f"{describe_failure({rank: code})} before its function returned "
-                                      f"(of {nproc} ranks); the other ranks were stopped", rank, code)
+        # A rank that died without a word may have died the moment after it was last seen
+        # alive, before any rank that raised; but SIGABRT is how gloo ends a rank whose peer left.
+        when = noticed if code == -signal.SIGABRT else last_seen_alive
+        return when, SpawnError(f"{describe_failure({rank: code})} before its function returned "
+                                f"(of {nproc} ranks); the other ranks were stopped", rank, code)
     return None
 
 
