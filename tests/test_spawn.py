@@ -83,7 +83,7 @@ def test_notebook_trains_with_ddp_and_shows_a_failing_ranks_traceback(tmp_path: 
 
 
 SCRIPT = textwrap.dedent("""
-    import json, os, signal, sys
+    import json, multiprocessing, os, signal, sys, time
     import nodescale
     from nodescale.spawning import SpawnError
 
@@ -102,6 +102,11 @@ SCRIPT = textwrap.dedent("""
             os._exit(3)
         ctx.barrier()  # rank 0 would wait here forever
 
+    def sleeps_on_rank_0(ctx):
+        if ctx.rank == 1:
+            raise ValueError("rank 1 gives up")
+        time.sleep(600)  # not in a collective: nothing but spawn can end it
+
     before = dict(os.environ)
     report(case="two", value=nodescale.spawn(total, 10, nproc=2))
     report(case="one", value=nodescale.spawn(total, 10, nproc=1, seed=1))
@@ -111,6 +116,12 @@ SCRIPT = textwrap.dedent("""
             nodescale.spawn(dies, how, nproc=2)
         except SpawnError as error:
             report(case=how, message=str(error), rank=error.rank, exitcode=error.exitcode)
+    started = time.monotonic()
+    try:
+        nodescale.spawn(sleeps_on_rank_0, nproc=2)
+    except SpawnError as error:
+        report(case="stopped", rank=error.rank, seconds=time.monotonic() - started,
+               left=[child.pid for child in multiprocessing.active_children()])
 """)
 
 
@@ -129,6 +140,9 @@ def test_script_spawns_main_functions_and_names_a_killed_rank(tmp_path: Path) ->
     assert cases["kill"]["rank"] == 1 and cases["kill"]["exitcode"] == -9
     assert "rank 1 exited with -9 (SIGKILL) before its function returned" in cases["kill"]["message"]
     assert cases["exit"]["rank"] == 1 and "rank 1 exited with 3" in cases["exit"]["message"]
+    # The rank still running when another failed was ended, within the grace period.
+    stopped = cases["stopped"]
+    assert stopped["rank"] == 1 and stopped["left"] == [] and stopped["seconds"] < 20, stopped
 
 
 def test_refuses_what_a_forked_child_cannot_do(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,6 +43,9 @@ from nodescale.errors import UserError
 # How long ranks told to stop (after another failed) get before SIGKILL: they only need to exit,
 # not to checkpoint, and the user is waiting in front of the cell.
 STOP_GRACE_SECONDS = 3.0
+# After the first failure, how long the other ranks may still report or exit before they are
+# stopped: long enough to see that a rank which died silently caused another's error.
+SETTLE_SECONDS = 1.0
 
 
 class SpawnError(RuntimeError):
@@ -168,29 +171,28 @@ def _send_failure(writer: Connection, exc: BaseException, user_error: UserError 
 
 
 def _result_of(children: dict[int, BaseProcess], readers: dict[int, Connection], nproc: int) -> Any:
-    """Rank 0's value once every rank has exited cleanly; the first failure's error otherwise."""
+    """Rank 0's value once every rank has exited cleanly; the error of the failure that came first otherwise."""
     messages: dict[int, tuple[Any, ...]] = {}
     running = set(children)
-    seen_alive = dict.fromkeys(children, time.monotonic())
-    while running:
+    settled_by: float | None = None  # set at the first failure
+    while running and (settled_by is None or time.monotonic() < settled_by):
         waiting = [readers[rank] for rank in running if rank not in messages]
-        wait(waiting + [children[rank].sentinel for rank in running])
+        wait(waiting + [children[rank].sentinel for rank in running],
+             None if settled_by is None else max(0.0, settled_by - time.monotonic()))
         for rank in sorted(running):
             if rank not in messages:
                 message = _receive(readers[rank])
                 if message is not None:
                     messages[rank] = message
-            if children[rank].is_alive():
-                seen_alive[rank] = time.monotonic()
-            else:
+            if not children[rank].is_alive():
                 running.discard(rank)
                 if rank not in messages:  # it may have written just before exiting
-                    messages[rank] = _receive(readers[rank]) or ("lost", seen_alive[rank], time.monotonic())
-        failures = [failure for rank in sorted(messages)
-                    if (failure := _failure(rank, children[rank], messages[rank], nproc)) is not None]
-        if failures:
-            # The rank that failed first is the cause; the others mostly lost their peer then.
-            raise min(failures, key=lambda failure: failure[0])[1]
+                    messages[rank] = _receive(readers[rank]) or ("lost", time.monotonic())
+        if settled_by is None and any(message[0] != "ok" for message in messages.values()):
+            settled_by = time.monotonic() + SETTLE_SECONDS
+    failure = _first_failure(children, messages, nproc)
+    if failure is not None:
+        raise failure
     return messages[0][1]
 
 
@@ -202,24 +204,38 @@ def _receive(reader: Connection) -> tuple[Any, ...] | None:
         return None
 
 
-def _failure(rank: int, child: BaseProcess, message: tuple[Any, ...],
-             nproc: int) -> tuple[float, Exception] | None:
-    """When rank ``rank`` failed and the error that says how; None if it has not failed."""
-    if message[0] == "error":
-        _, summary, text, when, user_error = message
-        if user_error is not None:
-            return when, user_error
-        return when, SpawnError(f"rank {rank} of {nproc} raised {summary}; the other ranks were stopped.\n"
-                                f"Its traceback:\n{text.rstrip()}", rank, child.exitcode, text)
-    if message[0] == "lost":
-        _, last_seen_alive, noticed = message
-        code = child.exitcode if child.exitcode is not None else 0
-        # A rank that died without a word may have died the moment after it was last seen
-        # alive, before any rank that raised; but SIGABRT is how gloo ends a rank whose peer left.
-        when = noticed if code == -signal.SIGABRT else last_seen_alive
-        return when, SpawnError(f"{describe_failure({rank: code})} before its function returned "
-                                f"(of {nproc} ranks); the other ranks were stopped", rank, code)
+def _first_failure(children: dict[int, BaseProcess], messages: dict[int, tuple[Any, ...]],
+                   nproc: int) -> Exception | None:
+    """The error of the failure that caused the others, or None if no rank failed.
+
+    A rank that died without a word (killed, crashed, ``os._exit``) comes first: the ranks that
+    raised meanwhile lost their peer. SIGABRT comes last, as that is how gloo and NCCL end a rank
+    whose peer left. Among ranks that raised, the earliest by its time stamp: a rank stamps its
+    failure before it leaves the group, so before its peers can notice.
+    """
+    silent, raised, aborted = [], [], []
+    for rank, message in messages.items():
+        if message[0] == "error":
+            raised.append((message[3], rank))
+        elif message[0] == "lost":
+            (aborted if children[rank].exitcode == -signal.SIGABRT else silent).append((message[1], rank))
+    for group in (silent, raised, aborted):
+        if group:
+            rank = min(group)[1]
+            return _error(rank, children[rank].exitcode, messages[rank], nproc)
     return None
+
+
+def _error(rank: int, exitcode: int | None, message: tuple[Any, ...], nproc: int) -> Exception:
+    if message[0] == "error":
+        _, summary, text, _, user_error = message
+        if user_error is not None:
+            return user_error  # init refused the options: the same message as in a script
+        return SpawnError(f"rank {rank} of {nproc} raised {summary}; the other ranks were stopped.\n"
+                          f"Its traceback:\n{text.rstrip()}", rank, exitcode, text)
+    code = exitcode if exitcode is not None else 0
+    return SpawnError(f"{describe_failure({rank: code})} before its function returned (of {nproc} ranks); "
+                      "the other ranks were stopped", rank, code)
 
 
 def _stop(children: dict[int, BaseProcess]) -> None:
