@@ -27,6 +27,7 @@ class Flag:
 FLAGS = (
     Flag("--model", "model.name"),
     Flag("--dataset", "data.name"),
+    Flag("--loss", "train.loss"),
     Flag("--data-dir", "data.dir"),
     Flag("--strategy", "strategy.name"),
     Flag("--nproc", "strategy.nproc"),

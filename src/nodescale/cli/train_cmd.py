@@ -15,7 +15,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
         help="train a model (default: cnn on the digits dataset, DDP on 2 local processes)",
-        description="Train a built-in model on a built-in dataset. Runs unchanged under torchrun, srun or "
+        description="Train a built-in model on a built-in dataset, or your own (--model FILE.py:FUNCTION, "
+        "--dataset FILE.py:FUNCTION, --loss FILE.py:FUNCTION). Runs unchanged under torchrun, srun or "
         "mpiexec; on its own, --nproc starts the local processes.",
     )
     add_run_flags(parser)
