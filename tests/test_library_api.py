@@ -39,14 +39,6 @@ def test_example_script_trains_on_every_rank_and_saves_once(tmp_path: Path, npro
     assert not list(tmp_path.glob(".model.pt.tmp-*"))  # the atomic write left nothing behind
 
 
-def test_unpadded_shards_cover_every_sample_once() -> None:
-    from nodescale.api import _UnpaddedShard
-
-    shards = [list(_UnpaddedShard(10, 3, rank, shuffle=True, seed=1)) for rank in range(3)]
-    assert sorted(i for shard in shards for i in shard) == list(range(10))
-    assert [len(_UnpaddedShard(10, 3, rank, True, 1)) for rank in range(3)] == [4, 3, 3]
-
-
 OWN_GROUP = """
 import json, sys
 import torch, torch.distributed as dist
