@@ -346,14 +346,18 @@ def test_a_hugging_face_vit_from_an_import_path_trains_under_fsdp(code: Path) ->
 # --- bad input: exit code 2, the value, the rule and a hint, no traceback but the user's ----------------
 
 RUNNER = '''
-import contextlib, io, json, sys
+import contextlib, io, json, sys, traceback
 from nodescale.cli.main import main
 
 results = {}
 for name, argv in json.loads(sys.argv[1]):
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main(["train", *argv, "--strategy", "single", "--max-steps", "1", "--no-progress", "--out", name])
+        try:
+            code = main(["train", *argv, "--strategy", "single", "--max-steps", "1", "--no-progress", "--out", name])
+        except BaseException:  # what `python -m nodescale` would print, then exit 1; the next case still runs
+            traceback.print_exc()
+            code = 1
     results[name] = {"code": code, "stderr": err.getvalue(), "torch": "torch" in sys.modules}
 print(json.dumps(results))
 '''
