@@ -84,7 +84,7 @@ def test_notebook_trains_with_ddp_and_shows_a_failing_ranks_traceback(tmp_path: 
 
 SCRIPT = textwrap.dedent("""
     import json, multiprocessing, os, signal, sys, time
-    import nodescale
+    import nodescale, torch
     from nodescale.spawning import SpawnError
 
     def report(**fields):
@@ -111,6 +111,8 @@ SCRIPT = textwrap.dedent("""
     report(case="two", value=nodescale.spawn(total, 10, nproc=2))
     report(case="one", value=nodescale.spawn(total, 10, nproc=1, seed=1))
     report(case="environ", same=dict(os.environ) == before)
+    tensors = nodescale.spawn(lambda ctx: {"w": torch.ones(2) * ctx.world_size}, nproc=2)
+    report(case="tensor", value=tensors["w"].tolist())
     for how in ("kill", "exit"):
         try:
             nodescale.spawn(dies, how, nproc=2)
@@ -137,6 +139,7 @@ def test_script_spawns_main_functions_and_names_a_killed_rank(tmp_path: Path) ->
     assert (two["sum"], two["rank"], two["world"], two["source"]) == (21.0, 0, 2, "torchrun"), two
     assert (one["sum"], one["rank"], one["world"]) == (10.0, 0, 1), one
     assert cases["environ"]["same"], "spawn changed the caller's os.environ"
+    assert cases["tensor"]["value"] == [2.0, 2.0]  # a tensor comes back whole, after its process exited
     assert cases["kill"]["rank"] == 1 and cases["kill"]["exitcode"] == -9
     assert "rank 1 exited with -9 (SIGKILL) before its function returned" in cases["kill"]["message"]
     assert cases["exit"]["rank"] == 1 and "rank 1 exited with 3" in cases["exit"]["message"]

@@ -21,6 +21,7 @@ function ``nodescale.spawn`` on the package with the module.
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import signal
@@ -151,7 +152,11 @@ def _run_rank(fn: Callable[..., Any], args: tuple[Any, ...], init_options: dict[
                 _send_failure(writer, exc)
                 raise
             in_fn = False
-        writer.send(("ok", result if rank == 0 else None))
+        try:
+            _send(writer, ("ok", result if rank == 0 else None))
+        except Exception as exc:
+            raise TypeError(f"the return value of {getattr(fn, '__name__', 'fn')} cannot be sent back "
+                            f"(it is pickled): {exc}") from exc
     except BaseException as exc:
         if not in_fn:  # init refused or close failed; a UserError from init is re-raised as it is
             _send_failure(writer, exc, exc if isinstance(exc, UserError) else None)
@@ -167,7 +172,7 @@ def _send_failure(writer: Connection, exc: BaseException, user_error: UserError 
     summary = traceback.format_exception_only(exc)[-1].strip()
     with suppress(OSError):
         # The system-wide monotonic clock orders reports that arrive together.
-        writer.send(("error", summary, text, time.monotonic(), user_error))
+        _send(writer, ("error", summary, text, time.monotonic(), user_error))
 
 
 def _result_of(children: dict[int, BaseProcess], readers: dict[int, Connection], nproc: int) -> Any:
@@ -196,12 +201,27 @@ def _result_of(children: dict[int, BaseProcess], readers: dict[int, Connection],
     return messages[0][1]
 
 
+def _send(writer: Connection, message: tuple[Any, ...]) -> None:
+    """``message`` as torch.save writes it. Not Connection.send: torch's reducers for it share a
+    tensor's memory with the receiver, which fails once this process has exited."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(message, buffer)
+    writer.send_bytes(buffer.getbuffer())
+
+
 def _receive(reader: Connection) -> tuple[Any, ...] | None:
     """The child's message if one is there, None if not (yet)."""
+    import torch
+
     try:
-        return reader.recv() if reader.poll() else None
+        data = reader.recv_bytes() if reader.poll() else None
     except (EOFError, OSError):  # closed without a message: its exit code tells why
         return None
+    # On the CPU: a CUDA tensor restored on its GPU would initialise CUDA here, and no later
+    # spawn could fork. weights_only=False: any object fn returns, from this program's own child.
+    return None if data is None else torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
 def _first_failure(children: dict[int, BaseProcess], messages: dict[int, tuple[Any, ...]],
