@@ -36,117 +36,18 @@ from nodescale.plugins.refs import check_ref, parse_ref
 from nodescale.train.loss import make_loss, model_output
 from nodescale.train.rundir import default_run_dir
 
-USER = '''
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import TensorDataset
-
-
-class Block(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.linear = nn.Linear(width, width)
-
-    def forward(self, x):
-        return x + torch.relu(self.linear(x))
-
-
-class Net(nn.Module):  # no block_types: its FSDP units are the items of its ModuleList
-    def __init__(self, width, depth):
-        super().__init__()
-        self.stem = nn.Linear(64, width)
-        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
-        self.head = nn.Linear(width, 10)
-
-    def forward(self, x):
-        x = self.stem(x.flatten(1))
-        for block in self.blocks:
-            x = block(x)
-        return {"logits": self.head(x)}  # Hugging Face style
-
-
-def build(width=16, depth=2):
-    return Net(width, depth)
-
-
-def digits(seed):
-    from nodescale.config.schema import DataSection
-    from nodescale.data.digits import FORMAT
-
-    splits = FORMAT.load(DataSection(), seed)
-    plain = [TensorDataset(*map(torch.stack, zip(*(s[i] for i in range(len(s)))))) for s in (splits.train, splits.val)]
-    return plain[0], plain[1]
-
-
-def xent(output, target):
-    return F.cross_entropy(output, target, reduction="none")
-'''
-
-BAD = '''
-import torch
-from torch import nn
-from torch.utils.data import TensorDataset
-
-
-def raises(width=8):
-    return helper(width)
-
-
-def helper(width):
-    raise ValueError("the widths do not add up")
-
-
-def not_a_module():
-    return nn.Linear
-
-
-def one_set():
-    return TensorDataset(torch.zeros(4, 64), torch.zeros(4, dtype=torch.long))
-
-
-def small_images():
-    train = TensorDataset(torch.zeros(8, 1, 7, 7), torch.zeros(8, dtype=torch.long))
-    return train, train
-
-
-def far_labels():
-    train = TensorDataset(torch.zeros(8, 1, 8, 8), torch.arange(8) + 10)
-    return train, train
-
-
-def flat():
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
-
-
-def scalar_loss(output, target):
-    return torch.nn.functional.cross_entropy(output, target)
-'''
-
-VIT = '''
-from transformers import ViTConfig, ViTForImageClassification
-
-
-def build(hidden=32):
-    return ViTForImageClassification(ViTConfig(
-        image_size=8, patch_size=4, num_channels=1, hidden_size=hidden, num_hidden_layers=2,
-        num_attention_heads=2, intermediate_size=64, num_labels=10))
-'''
-
+USER_CODE = Path(__file__).parent / "user_code"  # user.py, bad.py, userpkg/vit.py
 SGD = ["--optimizer", "sgd", "--lr", "0.05", "--set", "optim.schedule=constant", "--no-progress", "--seed", "3"]
 TOLERANCE = 1e-5  # as tests/test_fsdp.py: FSDP reduce-scatters the sums DDP all-reduces
 
 
 @pytest.fixture(scope="module")
 def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The user's files: user.py, bad.py, userpkg/vit.py, and trap/mod.py whose package must not be imported."""
-    root = tmp_path_factory.mktemp("user-code")
-    (root / "user.py").write_text(USER)
-    (root / "bad.py").write_text(BAD)
-    for package, module, text in (("userpkg", "vit.py", VIT), ("trap", "mod.py", "def build(): pass\n")):
-        (root / package).mkdir()
-        (root / package / module).write_text(text)
-    (root / "userpkg" / "__init__.py").write_text("")
+    """A copy of tests/user_code, plus trap/mod.py whose package must not be imported; runs write here too."""
+    root = tmp_path_factory.mktemp("user-code") / "code"
+    shutil.copytree(USER_CODE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "trap").mkdir()
+    (root / "trap" / "mod.py").write_text("def build(): pass\n")
     (root / "trap" / "__init__.py").write_text("raise RuntimeError('the launcher must not run a package')\n")
     return root
 
@@ -368,7 +269,7 @@ BAD_INPUTS: dict[str, tuple[list[str], list[str]]] = {
     "missing_function": (["--model", "user.py:biuld"], ["user.py defines no 'biuld'", "did you mean 'build'?"]),
     "hugging_face": (["--model", "hf:org/model"], ["not supported yet", "hint: build the model in a file"]),
     "raises": (["--model", "bad.py:raises"], ["raised ValueError: the widths do not add up (building the model)",
-                                              'bad.py", line 12, in helper', "hint: fix bad.py at the line shown"]),
+                                              'bad.py", line 13, in helper', "hint: fix bad.py at the line shown"]),
     "not_a_module": (["--model", "bad.py:not_a_module"], ["returned the class Linear: must return a torch.nn.Module",
                                                           "hint: return the model itself"]),
     "not_a_pair": (["--dataset", "bad.py:one_set"], ["returned a TensorDataset: must return a pair (train, val)",
@@ -379,8 +280,9 @@ BAD_INPUTS: dict[str, tuple[list[str], list[str]]] = {
     "labels_out_of_range": (["--model", "user.py:build", "--dataset", "bad.py:far_labels"],
                             ["label 17 in the training set: is out of range for the model's 10 outputs",
                              "hint: give the model one output per class (at least 18)"]),
-    "scalar_loss": (["--loss", "bad.py:scalar_loss"], ["returned a tensor of shape () for a batch of 2",
-                                                        "one loss per sample", "hint: compute it with reduction='none'"]),
+    "scalar_loss": (["--loss", "bad.py:scalar_loss"],
+                    ["returned a tensor of shape () for a batch of 2", "one loss per sample",
+                     "hint: compute it with reduction='none'"]),
     "no_blocks": (["--model", "bad.py:flat", "--activation-checkpointing"],
                   ["no repeated blocks to recompute", "hint: name its block class: --set strategy.fsdp_units="]),
 }
