@@ -84,7 +84,8 @@ def test(model, device, test_loader):
 def main():
     parser = argparse.ArgumentParser(description="PyTorch MNIST Example, on scikit-learn's digits")
     parser.add_argument("--batch-size", type=int, default=64, help="input batch size for training (default: 64)")
-    parser.add_argument("--test-batch-size", type=int, default=1000, help="input batch size for testing (default: 1000)")
+    parser.add_argument("--test-batch-size", type=int, default=1000,
+                        help="input batch size for testing (default: 1000)")
     parser.add_argument("--epochs", type=int, default=14, help="number of epochs to train (default: 14)")
     parser.add_argument("--lr", type=float, default=1.0, help="learning rate (default: 1.0)")
     parser.add_argument("--gamma", type=float, default=0.7, help="learning rate step gamma (default: 0.7)")
