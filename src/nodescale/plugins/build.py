@@ -82,6 +82,9 @@ def probe(model: nn.Module, splits: DatasetSplits, spec: InputSpec, loss: LossFn
     """
     count = min(2, len(splits.train))
     x, y = _stack([splits.train[i] for i in range(count)])
+    parameter = next(model.parameters(), None)
+    if parameter is not None and parameter.device.type != "meta":  # a model the user's function moved
+        x, y = x.to(parameter.device), y.to(parameter.device)
     was_training = model.training
     model.eval()
     try:

@@ -47,7 +47,9 @@ def user_code_error(ref: PluginRef, exc: BaseException, doing: str) -> UserError
     """``exc``, raised by the user's code while ``doing``, as a ``UserError`` showing the user's frames."""
     path = source_file(ref)
     rule = describe_exception(exc, path, doing)
-    if "\n" in rule:
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        hint = f"install {exc.name.split('.')[0]} where the ranks run (pip install ...), or fix the import"
+    elif "\n" in rule:
         hint = f"fix {path.name if path else ref.target} at the line shown"
     elif isinstance(exc, TypeError) and "argument" in str(exc):
         section = "model" if ref.role == "model" else "data"

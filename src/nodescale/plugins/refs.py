@@ -64,7 +64,7 @@ def parse_ref(role: str, text: str) -> PluginRef:
     if not target or not function.isidentifier():
         raise UserError(f"{role} {text!r}", "must be FILE.py:FUNCTION or package.module:FUNCTION",
                         f"e.g. {example}")
-    is_file = target.endswith(".py") or "/" in target or "\\" in target
+    is_file = _names_a_file(target)
     if not is_file and not all(part.isidentifier() for part in target.split(".")):
         raise UserError(f"{role} {text!r}", f"{target!r} is neither a .py file nor a dotted module name",
                         f"e.g. {example}")
@@ -76,10 +76,13 @@ def absolute_ref(text: str, base: Path) -> str:
     if not is_plugin(text) or str(text).startswith(HF_PREFIX):
         return text
     target, _, function = str(text).strip().rpartition(":")
-    is_file = target.endswith(".py") or "/" in target or "\\" in target
-    if not is_file or Path(target).is_absolute():
+    if not _names_a_file(target) or Path(target).is_absolute():
         return text
     return f"{(base / target).resolve()}:{function}"
+
+
+def _names_a_file(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
 
 
 def check_ref(role: str, text: str) -> PluginRef:
