@@ -56,8 +56,9 @@ def parse_ref(role: str, text: str) -> PluginRef:
             f"{role} {text!r}",
             "Hugging Face directories ('hf:') are not supported yet: they come with language-model support "
             "(the 'language models and the Hugging Face stack' issue)",
-            f"build the model in a file of your own: --{role} mymodel.py:build, where build() returns "
-            "e.g. AutoModelForImageClassification.from_pretrained('/local/dir')",
+            "build the model in a file of your own: --model mymodel.py:build, where build() returns e.g. "
+            "AutoModelForImageClassification.from_pretrained('/local/dir')" if role == "model" else
+            f"load it in a function of your own: --{role} mycode.py:load",
         )
     target, _, function = text.rpartition(":")
     example = f"--{role} mycode.py:build or --{role} mypackage.mymodule:build"
