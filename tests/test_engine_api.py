@@ -210,3 +210,16 @@ def test_the_loader_resumes_at_the_same_sample_with_the_same_global_batch() -> N
 def _resumed(loader, state):  # noqa: ANN001, ANN202
     loader.load_state_dict(state)
     return list(loader)
+
+
+def test_an_unfinished_iteration_does_not_move_the_next_epoch() -> None:
+    from torch.utils.data import TensorDataset
+
+    from nodescale.data.epoch_loader import EpochLoader
+    from nodescale.data.sharding import ShardPlan
+
+    loader = EpochLoader(TensorDataset(torch.arange(10)), ShardPlan(10, 1, 0, 4, shuffle=False), pad=True,
+                         drop_last=False, grad_accum=1, device=torch.device("cpu"))
+    assert len(next(iter(loader))[0]) == loader.batch_size == 4  # a peek at the batch size, as scripts do
+    assert [ids.tolist() for (ids,) in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert loader.epoch == 1 and len(loader.dataset) == 10

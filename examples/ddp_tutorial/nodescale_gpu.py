@@ -36,7 +36,7 @@ class Trainer:
         self.ctx.step(self.optimizer)
 
     def _run_epoch(self, epoch):
-        b_sz = self.train_data.plan.batch_size  # peeking with next(iter(...)) would skip that batch
+        b_sz = len(next(iter(self.train_data))[0])
         self.ctx.print(f"[{self.device}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
         for source, targets in self.train_data:
             source, targets = source.to(self.device), targets.to(self.device)

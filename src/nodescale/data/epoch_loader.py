@@ -48,6 +48,9 @@ class EpochLoader:
         self.on_batch = on_batch
         self.epoch = 0
         self.batch_in_epoch = 0  # batches of this epoch already drawn: the resume point
+        # Where the next iteration starts: an epoch's end, a loaded position or set_epoch. An iteration
+        # left unfinished (a peek with next(iter(loader)), a break) is begun again from there.
+        self._next_start = (0, 0)
         self.real_count = 0  # real samples in the batch drawn last
         self._batches = _Batches()
         loader_options.setdefault("pin_memory", device.type == "cuda")
@@ -57,9 +60,19 @@ class EpochLoader:
     def sampler(self) -> _Batches:  # the old EpochLoader's attribute
         return self._batches
 
+    @property
+    def dataset(self) -> Dataset:
+        return self.loader.dataset
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch on this rank (the last batches of an epoch may hold fewer)."""
+        return self.plan.batch_size
+
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at the beginning of ``epoch``."""
         self.epoch, self.batch_in_epoch = epoch, 0
+        self._next_start = (epoch, 0)
 
     def __len__(self) -> int:
         return self._steps()
@@ -71,7 +84,9 @@ class EpochLoader:
         return steps
 
     def __iter__(self) -> Iterator[Any]:
-        epoch, start, steps = self.epoch, self.batch_in_epoch, self._steps()
+        epoch, start = self._next_start
+        steps = self._steps()
+        self.epoch, self.batch_in_epoch = epoch, start
         planned = self.plan.batches(epoch, start)[:steps - start]
         totals = window_totals([b.global_count for b in planned], start, self.grad_accum)
         kept = []
@@ -92,6 +107,7 @@ class EpochLoader:
                 self.on_batch(DrawnBatch(self.real_count, totals[offset], closes))
             yield to_device(data, self.device)
         self.epoch, self.batch_in_epoch = epoch + 1, 0
+        self._next_start = (epoch + 1, 0)
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
@@ -100,17 +116,18 @@ class EpochLoader:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume mid-epoch where the global batch is the same (the same samples come next on any world
         size); otherwise at the start of the next epoch, with a warning."""
-        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+        epoch, batch = int(state["epoch"]), int(state["batch_in_epoch"])
         same = (state.get("global_batch") == self.plan.batch_size * self.plan.world_size
                 and state.get("num_samples") == self.plan.num_samples)
-        if self.batch_in_epoch and not same:
-            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        if batch and not same:
             if self.plan.rank == 0:
-                warnings.warn(f"the loader resumes at the start of epoch {self.epoch}: the checkpoint's global "
+                warnings.warn(f"the loader resumes at the start of epoch {epoch + 1}: the checkpoint's global "
                               f"batch was {state.get('global_batch')} samples, now it is "
-                              f"{self.plan.batch_size * self.plan.world_size}; the rest of epoch "
-                              f"{self.epoch - 1} is skipped (keep batch_size x world_size to resume mid-epoch)",
-                              stacklevel=2)
+                              f"{self.plan.batch_size * self.plan.world_size}; the rest of epoch {epoch} is "
+                              "skipped (keep batch_size x world_size to resume mid-epoch)", stacklevel=2)
+            epoch, batch = epoch + 1, 0
+        self.epoch, self.batch_in_epoch = epoch, batch
+        self._next_start = (epoch, batch)
 
 
 def to_device(data: Any, device: torch.device) -> Any:
