@@ -210,6 +210,7 @@ def runs(code: Path) -> Path:
     return code
 
 
+@pytest.mark.multiproc
 def test_fsdp_trains_the_users_model_to_the_weights_of_ddp(runs: Path) -> None:
     ddp = final_weights(runs / "ddp")
     assert any(key.startswith("blocks.2.") for key in ddp)  # model.args reached the user's function
@@ -219,6 +220,7 @@ def test_fsdp_trains_the_users_model_to_the_weights_of_ddp(runs: Path) -> None:
     assert summary["val_accuracy"] > 0.3  # the user's loss trained it; evaluation read the dict's logits
 
 
+@pytest.mark.multiproc
 def test_a_users_run_resumes_and_exports_without_its_class(runs: Path) -> None:
     assert max_difference(final_weights(runs / "resumed"), final_weights(runs / "ddp")) < TOLERANCE
     config = (runs / "ddp" / "config.yaml").read_text()
@@ -234,6 +236,7 @@ def test_a_users_run_resumes_and_exports_without_its_class(runs: Path) -> None:
     assert max_difference(model.state_dict(), final_weights(runs / "fsdp")) == 0.0
 
 
+@pytest.mark.multiproc
 def test_a_hugging_face_vit_from_an_import_path_trains_under_fsdp(code: Path) -> None:
     pytest.importorskip("transformers")
     env = {**cli_env(), "PYTHONPATH": str(code)}
@@ -312,6 +315,7 @@ def test_the_launcher_checks_before_importing_torch(bad_runs: dict[str, dict[str
     assert [bad_runs[name]["torch"] for name in ("missing_file", "missing_function", "hugging_face")] == [False] * 3
 
 
+@pytest.mark.multiproc
 def test_every_rank_refuses_a_scalar_loss_and_the_launcher_says_it_once(code: Path) -> None:
     result = run_cli(["train", "--loss", "bad.py:scalar_loss", "--nproc", "2", "--max-steps", "1", "--out", "two"],
                      cwd=code, check=False)
