@@ -39,6 +39,7 @@ from nodescale.data.sharding import ShardPlan
 from nodescale.dist.env import DistEnv, detect
 from nodescale.dist.process_group import Runtime, abandon, barrier, shutdown, start
 from nodescale.engine import checkpoints
+from nodescale.engine.optimizer_params import rebind_parameters
 from nodescale.engine.run_record import RunRecord
 from nodescale.engine.settings import run_config
 from nodescale.errors import UserError
@@ -159,7 +160,7 @@ class Context:
         wrapped = self.strategy.wrap(model, self.runtime)
         updater = None
         if optimizer is not None:
-            _rebind_parameters(optimizer, names, wrapped)
+            rebind_parameters(optimizer, names, unwrap_model(wrapped))
             updater = self.strategy.make_updater(wrapped, optimizer, self.cfg)
             wrapped = updater.model  # DeepSpeed's engine, else the wrapped model
         if self.cfg.train.compile:
@@ -348,17 +349,3 @@ class Context:
         self.prepared = None  # the wrappers' references go before the group does
         shutdown(self.runtime)
         return result
-
-
-def _rebind_parameters(optimizer: torch.optim.Optimizer, names: dict[int, str], wrapped: nn.Module) -> None:
-    """Point ``optimizer`` at the parameters the strategy made (FSDP2 replaces them with sharded ones)."""
-    now = dict(unwrap_model(wrapped).named_parameters())
-    for group in optimizer.param_groups:
-        rebound = []
-        for param in group["params"]:
-            name = names.get(id(param))
-            if name is None:
-                raise UserError("ctx.prepare(model, optimizer)", "the optimiser holds a parameter the model does not",
-                                "build the optimiser from model.parameters()")
-            rebound.append(now[name])
-        group["params"] = rebound

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from nodescale.dist.process_group import Runtime
 from nodescale.dist.rank_labels import ranks_label
 from nodescale.train.stop_signals import EXIT_HANG
 
@@ -247,3 +248,12 @@ def _hosts(ranks: list[int], beats: dict[int, dict[str, Any]], limit: int = 3) -
 def _exit_hang(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
     os._exit(EXIT_HANG)
+
+
+def start_watchdog(runtime: Runtime, timeout_s: float) -> Watchdog | None:
+    """Every rank's heartbeat thread, when there are other ranks to watch and a timeout is set."""
+    if not runtime.distributed or runtime.world_size < 2 or timeout_s <= 0:
+        return None
+    watchdog = Watchdog(open_store(timeout_s), runtime.rank, runtime.world_size, timeout_s)
+    watchdog.start()
+    return watchdog

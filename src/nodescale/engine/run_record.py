@@ -21,7 +21,7 @@ from nodescale.config.load import dump_yaml
 from nodescale.config.schema import RunConfig
 from nodescale.data.epoch_loader import EpochLoader
 from nodescale.dist.process_group import Runtime, barrier
-from nodescale.dist.watchdog import Watchdog, open_store
+from nodescale.dist.watchdog import start_watchdog
 from nodescale.observe.loggers import make_sinks
 from nodescale.strategies.base import Footprint
 from nodescale.train.clock import peak_memory_bytes, synchronize
@@ -30,16 +30,6 @@ from nodescale.train.metrics_log import MetricsLog
 from nodescale.train.preemption import StopRequest, write_requeue_file
 from nodescale.train.stop_signals import parse_signals
 from nodescale.train.trainer import Timing
-
-
-def start_watchdog(cfg: RunConfig, runtime: Runtime) -> Watchdog | None:
-    """Every rank's heartbeat thread, when there are other ranks to watch and a timeout is set."""
-    timeout = cfg.train.heartbeat_timeout_s
-    if not runtime.distributed or runtime.world_size < 2 or timeout <= 0:
-        return None
-    watchdog = Watchdog(open_store(timeout), runtime.rank, runtime.world_size, timeout)
-    watchdog.start()
-    return watchdog
 
 
 class RunRecord:
@@ -57,7 +47,7 @@ class RunRecord:
             self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", runtime.is_main, sinks)
             resumed = (self.run_dir / "checkpoints").is_dir()
             self.metrics.start(cfg.model_dump(mode="json"), resumed=resumed)
-        self.watchdog = start_watchdog(cfg, runtime)
+        self.watchdog = start_watchdog(runtime, cfg.train.heartbeat_timeout_s)
         self.stop: StopRequest | None = None
         self.timing = Timing()
         self.steps = 0

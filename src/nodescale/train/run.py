@@ -26,7 +26,7 @@ from nodescale.data.sharding import ShardPlan
 from nodescale.dist.env import DistEnv, detect
 from nodescale.dist.local_launch import current_restart
 from nodescale.dist.process_group import Runtime, abandon, barrier, shutdown, start
-from nodescale.dist.watchdog import Watchdog, open_store
+from nodescale.dist.watchdog import Watchdog, start_watchdog
 from nodescale.errors import UserError
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
 from nodescale.observe.loggers import make_sinks
@@ -64,7 +64,7 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
     runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=strategy.needs_process_group)
     # Before anything slow: a signal during start-up is kept until the first step boundary.
     stop = StopRequest(parse_signals(cfg.train.stop_signals), runtime.distributed, cfg.strategy.timeout_s)
-    watchdog = _start_watchdog(cfg, runtime)
+    watchdog = start_watchdog(runtime, cfg.train.heartbeat_timeout_s)
     try:
         summary = _train(cfg, runtime, strategy, started, stop, watchdog)
     except BaseException as exc:
@@ -97,16 +97,6 @@ def run_training_as_worker(cfg: RunConfig, env: DistEnv | None = None) -> dict[s
         return run_training(cfg, env)
     except LeftAfterCollectiveFault as exc:
         end_process_now(int(exc.code or 1))
-
-
-def _start_watchdog(cfg: RunConfig, runtime: Runtime) -> Watchdog | None:
-    """Every rank's heartbeat thread, when there are other ranks to watch and a timeout is set."""
-    timeout = cfg.train.heartbeat_timeout_s
-    if not runtime.distributed or runtime.world_size < 2 or timeout <= 0:
-        return None
-    watchdog = Watchdog(open_store(timeout), runtime.rank, runtime.world_size, timeout)
-    watchdog.start()
-    return watchdog
 
 
 def _leave_for_requeue(trainer: Trainer, runtime: Runtime, metrics: MetricsLog, console: Console) -> dict[str, Any]:
