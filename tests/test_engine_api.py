@@ -55,6 +55,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     launch(2, ["--batch-size", "12", "--save-at", "10", "--out", str(root / "ddp2")], root)
     launch(2, ["--strategy", "fsdp", "--batch-size", "12", "--save-at", "10", "--out", str(root / "fsdp2")], root)
     launch(1, ["--batch-size", "24", "--out", str(root / "single1")], root)
+    launch(2, ["--strategy", "deepspeed", "--batch-size", "12", "--save-at", "10", "--out", str(root / "zero2")], root)
     # Resume from FSDP's sharded step-10 checkpoint on 1 rank and from DDP's full one on 3.
     resumed_copy(root / "fsdp2", 10, root / "resumed1")
     launch(1, ["--strategy", "fsdp", "--batch-size", "24", "--resume", "--out", str(root / "resumed1")], root)
@@ -66,9 +67,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 pytestmark = pytest.mark.multiproc
 
 
-def test_fsdp_ends_with_the_weights_of_ddp(runs: dict[str, Path]) -> None:
-    assert max_difference(result(runs["fsdp2"])["weights"], result(runs["ddp2"])["weights"]) < TOLERANCE
-    assert read_summary(runs["fsdp2"])["strategy"] == "fsdp"
+@pytest.mark.parametrize("name", ["fsdp2", "zero2"])
+def test_fsdp_and_deepspeed_end_with_the_weights_of_ddp(runs: dict[str, Path], name: str) -> None:
+    assert max_difference(result(runs[name])["weights"], result(runs["ddp2"])["weights"]) < TOLERANCE
+    assert read_summary(runs[name])["strategy"] == {"fsdp2": "fsdp", "zero2": "deepspeed"}[name]
 
 
 def test_two_ranks_of_half_the_batch_train_as_one_rank_of_all(runs: dict[str, Path]) -> None:
@@ -108,7 +110,7 @@ def test_the_summary_counts_every_ranks_samples(runs: dict[str, Path]) -> None:
 def test_an_api_checkpoint_exports_to_a_plain_state_dict(runs: dict[str, Path], tmp_path: Path) -> None:
     from nodescale.train.export import consolidated_model_state, resolve
 
-    for name, layout in (("ddp2", ".pt"), ("fsdp2", "")):  # a full file, a sharded directory
+    for name, layout in (("ddp2", ".pt"), ("fsdp2", ""), ("zero2", "")):  # a full file, DCP's and DeepSpeed's
         path = resolve(runs[name])
         assert path.name == f"step-00000010{layout}"
         exported = consolidated_model_state(path)
