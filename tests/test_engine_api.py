@@ -149,6 +149,15 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_exit_code_3(
     assert result(tmp_path / "run")["steps"] == 2 * 19  # two epochs of 301 samples in global batches of 16
 
 
+def test_a_rank_that_stops_stepping_is_named_by_the_watchdog(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
+               "--epochs", "50", "--stall-at", "3", "--heartbeat", "4", "--out", str(tmp_path / "run")]
+    began = time.monotonic()
+    run = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and time.monotonic() - began < 60, run.stderr[-2000:]
+    assert "rank 1" in run.stderr and "made no progress" in run.stderr and "last step 3" in run.stderr, run.stderr
+
+
 def _steps_logged(run_dir: Path, at_least: int) -> bool:
     try:
         return sum(1 for r in read_metrics(run_dir) if r["kind"] == "step") >= at_least

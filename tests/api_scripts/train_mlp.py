@@ -26,14 +26,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for flag, kind, default in (("--strategy", str, "auto"), ("--batch-size", int, 8), ("--grad-accum", int, 1),
                                 ("--epochs", int, 2), ("--train-size", int, 301), ("--save-at", int, 0),
-                                ("--sleep", float, 0.0), ("--precision", str, "fp32")):
+                                ("--sleep", float, 0.0), ("--precision", str, "fp32"), ("--stall-at", int, 0),
+                                ("--heartbeat", float, 300.0)):
         parser.add_argument(flag, type=kind, default=default)
     parser.add_argument("--out", required=True)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
 
     ctx = nodescale.init(strategy=args.strategy, precision=args.precision, seed=0, out=args.out,
-                         grad_accum=args.grad_accum)
+                         grad_accum=args.grad_accum, heartbeat_timeout_s=args.heartbeat)
     train_set, val_set = datasets(args.train_size)
     model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -56,6 +57,8 @@ def main() -> None:
                     ctx.save_checkpoint({"model": model, "optimizer": optimizer, "loader": loader})
                     ctx.exit_for_requeue()
                 time.sleep(args.sleep)
+                if ctx.global_step == args.stall_at and ctx.rank == 1:
+                    time.sleep(120)  # alive, heartbeat thread running, but no step: the watchdog must say so
     # Evaluation with every rank taking part (FSDP's forward is a collective): count real samples only.
     model.eval()
     hits = total = 0
