@@ -234,3 +234,17 @@ def test_an_unfinished_iteration_does_not_move_the_next_epoch() -> None:
     assert len(next(iter(loader))[0]) == loader.batch_size == 4  # a peek at the batch size, as scripts do
     assert [ids.tolist() for (ids,) in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert loader.epoch == 1 and len(loader.dataset) == 10
+
+
+def test_tensors_in_memory_are_cut_a_batch_at_a_time_with_the_dataloaders_values() -> None:
+    from torch.utils.data import TensorDataset
+
+    from nodescale.data.epoch_loader import EpochLoader
+    from nodescale.data.sharding import ShardPlan
+
+    dataset = TensorDataset(torch.randn(50, 3), torch.arange(50))
+    fast, slow = (EpochLoader(dataset, ShardPlan(50, 2, 1, 8, seed=3), pad=True, drop_last=False, grad_accum=1,
+                              device=torch.device("cpu"), **options) for options in ({}, {"num_workers": 0}))
+    assert fast._cut is not None and slow._cut is None
+    pairs = list(zip(fast, slow, strict=True))
+    assert len(pairs) == 4 and all(torch.equal(a, b) for one, other in pairs for a, b in zip(one, other, strict=True))

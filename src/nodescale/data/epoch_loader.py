@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from nodescale.data.arrays import ArrayDataset
 from nodescale.data.sharding import ShardPlan, window_totals
 
 
@@ -55,6 +56,12 @@ class EpochLoader:
         self._batches = _Batches()
         loader_options.setdefault("pin_memory", device.type == "cuda")
         self.loader = DataLoader(dataset, batch_sampler=self._batches, **loader_options)
+        # Tensors in memory are cut a whole batch at a time: the same values as the DataLoader's
+        # per-sample collation, without a Python call per sample (a plain TensorDataset's options
+        # beyond pin_memory would change what it yields, so they keep the DataLoader).
+        plain = set(loader_options) <= {"pin_memory"}
+        self._cut = (_array_cutter(dataset) if isinstance(dataset, ArrayDataset) and plain
+                     else _tensor_cutter(dataset) if isinstance(dataset, TensorDataset) and plain else None)
 
     @property
     def sampler(self) -> _Batches:  # the old EpochLoader's attribute
@@ -98,7 +105,8 @@ class EpochLoader:
         if not self.pad:
             kept = [indices for indices in kept if indices]
         self._batches.batches = kept
-        for offset, data in enumerate(self.loader):
+        batches = (self._cut(torch.tensor(ids), self.device) for ids in kept) if self._cut else self.loader
+        for offset, data in enumerate(batches):
             index = start + offset
             self.real_count = planned[offset].real_count if self.pad else len(kept[offset])
             self.batch_in_epoch = index + 1
@@ -142,6 +150,16 @@ def to_device(data: Any, device: torch.device) -> Any:
     if isinstance(data, dict):
         return type(data)({key: to_device(value, device) for key, value in data.items()})
     return data
+
+
+def _array_cutter(dataset: ArrayDataset) -> Callable[[torch.Tensor, torch.device], Any]:
+    return lambda indices, device: list(dataset.get_batch(indices, device))
+
+
+def _tensor_cutter(dataset: TensorDataset) -> Callable[[torch.Tensor, torch.device], Any]:
+    def cut(indices: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+        return [tensor[indices] for tensor in dataset.tensors]  # a list, as the DataLoader collates tuples
+    return cut
 
 
 class _Batches:
