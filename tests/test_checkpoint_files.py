@@ -59,3 +59,16 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path) -> None:
         write_atomic(target, crash_midway)
     assert target.read_text().strip().startswith('{\n  "version": 1')
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary left behind
+
+
+def test_resume_compares_model_arguments_and_accepts_checkpoints_from_before_them() -> None:
+    from nodescale.config.schema import RunConfig
+
+    check_compatible = checkpoint.check_compatible
+    current = RunConfig().model_dump(mode="json")
+    old = RunConfig().model_dump(mode="json")
+    del old["model"]["args"], old["data"]["args"]  # written before the keys existed
+    check_compatible({"config": old}, current, Path("run/checkpoints/step-00000004.pt"))
+    wider = {**current, "model": {**current["model"], "args": {"width": 64}}}
+    with pytest.raises(UserError, match="model.args was {}, now {'width': 64}"):
+        check_compatible({"config": current}, wider, Path("run/checkpoints/step-00000004.pt"))

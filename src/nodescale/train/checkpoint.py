@@ -196,8 +196,11 @@ def _prune(run_dir: Path, keep_last: int) -> None:
 
 
 # What must be the same for the saved weights and optimiser state to fit the resumed run.
-_STATE_KEYS = (("model", "name"), ("model", "stem"), ("model", "patch_size"), ("data", "name"),
-               ("data", "image_size"), ("data", "channels"), ("data", "num_classes"), ("optim", "name"))
+_STATE_KEYS = (("model", "name"), ("model", "stem"), ("model", "patch_size"), ("model", "args"), ("data", "name"),
+               ("data", "args"), ("data", "image_size"), ("data", "channels"), ("data", "num_classes"),
+               ("optim", "name"))
+# Keys added since the first checkpoints: a checkpoint without one was saved with its default.
+_DEFAULTS = {("model", "args"): {}, ("data", "args"): {}}
 
 
 def check_compatible(state: dict[str, Any], current: dict[str, Any], path: Path) -> None:
@@ -208,7 +211,8 @@ def check_compatible(state: dict[str, Any], current: dict[str, Any], path: Path)
     saved = state.get("config", {})
     differences = []
     for section, key in _STATE_KEYS:
-        before, now = saved.get(section, {}).get(key), current[section][key]
+        before = saved.get(section, {}).get(key, _DEFAULTS.get((section, key)))
+        now = current[section].get(key, _DEFAULTS.get((section, key)))
         if before != now:
             differences.append(f"{section}.{key} was {before!r}, now {now!r}")
     if differences:
