@@ -83,7 +83,7 @@ def test_notebook_trains_with_ddp_and_shows_a_failing_ranks_traceback(tmp_path: 
 
 
 SCRIPT = textwrap.dedent("""
-    import json, multiprocessing, os, signal, sys, time
+    import json, multiprocessing, os, signal, sys, threading, time
     import nodescale, torch
     from nodescale.spawning import SpawnError
 
@@ -124,6 +124,12 @@ SCRIPT = textwrap.dedent("""
     except SpawnError as error:
         report(case="stopped", rank=error.rank, seconds=time.monotonic() - started,
                left=[child.pid for child in multiprocessing.active_children()])
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a kernel: Ctrl-C raises
+    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        nodescale.spawn(sleeps_on_rank_0, nproc=1)
+    except KeyboardInterrupt:
+        report(case="interrupted", left=[child.pid for child in multiprocessing.active_children()])
 """)
 
 
@@ -146,6 +152,7 @@ def test_script_spawns_main_functions_and_names_a_killed_rank(tmp_path: Path) ->
     # The rank still running when another failed was ended, within the grace period.
     stopped = cases["stopped"]
     assert stopped["rank"] == 1 and stopped["left"] == [] and stopped["seconds"] < 20, stopped
+    assert cases["interrupted"]["left"] == []  # Ctrl-C (a kernel's Interrupt) ends every rank
 
 
 def test_refuses_what_a_forked_child_cannot_do(monkeypatch: pytest.MonkeyPatch) -> None:
