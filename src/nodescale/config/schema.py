@@ -11,6 +11,7 @@ and ``nodescale config show`` should answer instantly.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,15 @@ LOSSES = ("auto", "cross_entropy", "mse")
 STRATEGIES = ("single", "dp", "ddp", "fsdp", "deepspeed")
 # Strategies that run one process per device and so start --nproc local processes.
 MULTI_PROCESS_STRATEGIES = ("ddp", "fsdp", "deepspeed")
+
+
+def known_or_plugin(kind: str, value: str, choices: Iterable[str]) -> str:
+    """A built-in name, or a user's ``FILE.py:FN`` / ``package.module:FN`` (its file read, none of it run)."""
+    if is_plugin(value):
+        check_ref(kind, value)
+    elif value not in choices:
+        raise unknown_choice(kind, value, choices)
+    return value
 
 
 class Section(BaseModel):
@@ -57,11 +67,7 @@ class ModelSection(Section):
     @field_validator("name")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if is_plugin(value):
-            check_ref("model", value)  # reads the file, runs none of it
-        elif value not in MODELS:
-            raise unknown_choice("model", value, MODELS)
-        return value
+        return known_or_plugin("model", value, MODELS)
 
     @field_validator("weights")
     @classmethod
@@ -95,11 +101,7 @@ class DataSection(Section):
     @field_validator("name")
     @classmethod
     def _known_dataset(cls, value: str) -> str:
-        if is_plugin(value):
-            check_ref("dataset", value)
-        elif value not in DATASETS:
-            raise unknown_choice("dataset", value, DATASETS)
-        return value
+        return known_or_plugin("dataset", value, DATASETS)
 
 
 class OptimSection(Section):
@@ -153,11 +155,7 @@ class TrainSection(Section):
     @field_validator("loss")
     @classmethod
     def _known_loss(cls, value: str) -> str:
-        if is_plugin(value):
-            check_ref("loss", value)
-        elif value not in LOSSES:
-            raise unknown_choice("loss", value, LOSSES)
-        return value
+        return known_or_plugin("loss", value, LOSSES)
 
     @field_validator("stop_signals")
     @classmethod

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from nodescale.data.arrays import ArrayDataset
+from nodescale.data.loader import PlannedBatches
 from nodescale.data.sharding import ShardPlan, window_totals
 
 
@@ -53,7 +54,7 @@ class EpochLoader:
         # left unfinished (a peek with next(iter(loader)), a break) is begun again from there.
         self._next_start = (0, 0)
         self.real_count = 0  # real samples in the batch drawn last
-        self._batches = _Batches()
+        self._batches = PlannedBatches()
         loader_options.setdefault("pin_memory", device.type == "cuda")
         self.loader = DataLoader(dataset, batch_sampler=self._batches, **loader_options)
         # Tensors in memory are cut a whole batch at a time: the same values as the DataLoader's
@@ -64,7 +65,7 @@ class EpochLoader:
                      else _tensor_cutter(dataset) if isinstance(dataset, TensorDataset) and plain else None)
 
     @property
-    def sampler(self) -> _Batches:  # the old EpochLoader's attribute
+    def sampler(self) -> PlannedBatches:  # the old EpochLoader's attribute
         return self._batches
 
     @property
@@ -160,16 +161,3 @@ def _tensor_cutter(dataset: TensorDataset) -> Callable[[torch.Tensor, torch.devi
     def cut(indices: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
         return [tensor[indices] for tensor in dataset.tensors]  # a list, as the DataLoader collates tuples
     return cut
-
-
-class _Batches:
-    """A batch sampler whose batches are set per epoch (works with persistent workers)."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches)
-
-    def __len__(self) -> int:
-        return len(self.batches)

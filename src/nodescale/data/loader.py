@@ -52,7 +52,7 @@ class StepLoader:
             dataset = dataset.to(device, channels_last=channels_last)
         self.dataset = dataset
         self._ones: dict[int, torch.Tensor] = {}  # full batches' weights, made on the device once
-        self._sampler = _PlannedBatches()
+        self._sampler = PlannedBatches()
         self._loader: DataLoader | None = None
         if not isinstance(dataset, ArrayDataset):
             self._loader = DataLoader(
@@ -110,7 +110,7 @@ def _indices_on(device: torch.device, batches: list[Batch]) -> list[torch.Tensor
     return list(on_device.split([len(batch.indices) for batch in batches]))
 
 
-class _PlannedBatches:
+class PlannedBatches:
     """A batch sampler whose batches are set per epoch (works with persistent workers)."""
 
     def __init__(self) -> None:
