@@ -137,7 +137,7 @@ SCRIPT = textwrap.dedent("""
 def test_script_spawns_main_functions_and_names_a_killed_rank(tmp_path: Path) -> None:
     (tmp_path / "script.py").write_text(SCRIPT)
     run = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=cli_env(), capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     cases = {case.pop("case"): case for case in (json.loads(line[5:]) for line in run.stdout.splitlines()
                                                  if line.startswith("CASE "))}
