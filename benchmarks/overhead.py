@@ -17,6 +17,7 @@ neither side systematically.
 
     python benchmarks/overhead.py                      # both cases, 4 repeats each
     python benchmarks/overhead.py --cases cnn-digits --repeats 5 --steps 500
+    python benchmarks/overhead.py --face library       # the library calls (library_ddp.py) instead
 
 Results go to ``benchmarks/results/overhead.json`` (``--out`` to change).
 """
@@ -44,6 +45,7 @@ sys.path.insert(0, str(HERE))
 from record import cpu_model, stamp, wide_console, write_results  # noqa: E402
 
 RAW_SCRIPT = HERE / "raw_ddp.py"
+LIBRARY_SCRIPT = HERE / "library_ddp.py"  # raw_ddp.py's loop through nodescale.init/ctx calls (--face library)
 DEFAULT_OUT = HERE / "results" / "overhead.json"
 TARGET_RATIO = 1.02
 UNBOUNDED_EPOCHS = 1_000_000
@@ -115,10 +117,10 @@ def child_env(threads: int) -> dict[str, str]:
     return env
 
 
-def raw_command(case: Case, nproc: int, json_out: Path) -> list[str]:
+def raw_command(case: Case, nproc: int, json_out: Path, script: Path = RAW_SCRIPT) -> list[str]:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-        str(RAW_SCRIPT),
+        str(script),
         "--model", case.model, "--dataset", case.dataset, "--batch-size", str(case.batch_size),
         "--steps", str(case.steps), "--warmup-steps", str(case.warmup_steps), "--json-out", str(json_out),
     ]
@@ -168,6 +170,16 @@ def run_raw(case: Case, repeat: int, nproc: int, threads: int, workdir: Path) ->
     wall = run_logged(raw_command(case, nproc, json_out), child_env(threads), json_out.with_suffix(".log"))
     data = json.loads(json_out.read_text())
     return RunResult("raw", case.name, repeat, data["step_seconds"], data["samples_per_second"],
+                     data["timed_steps"], data["timed_samples"], wall)
+
+
+def run_library(case: Case, repeat: int, nproc: int, threads: int, workdir: Path) -> RunResult:
+    """The "nodescale" side of ``--face library``: the raw loop written with the library's calls."""
+    json_out = workdir / f"library-{case.name}-{repeat}.json"
+    wall = run_logged(raw_command(case, nproc, json_out, LIBRARY_SCRIPT), child_env(threads),
+                      json_out.with_suffix(".log"))
+    data = json.loads(json_out.read_text())
+    return RunResult("nodescale", case.name, repeat, data["step_seconds"], data["samples_per_second"],
                      data["timed_steps"], data["timed_samples"], wall)
 
 
@@ -281,6 +293,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=2, help="processes per run, both sides (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per process, both sides (default 1)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON (default {DEFAULT_OUT})")
+    parser.add_argument("--face", choices=("train", "library"), default="train",
+                        help="nodescale's side: `nodescale train` (default) or the library calls (library_ddp.py)")
     parser.add_argument("--keep-logs", type=Path, default=None, help="keep every run's log and run dir here")
     args = parser.parse_args(argv)
     unknown = [name for name in args.cases.split(",") if name not in CASES]
@@ -311,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for case in cases:
                 # Alternate which side goes first, so drift favours neither.
-                sides = [run_raw, run_nodescale] if repeat % 2 == 0 else [run_nodescale, run_raw]
+                ours = run_library if args.face == "library" else run_nodescale
+                sides = [run_raw, ours] if repeat % 2 == 0 else [ours, run_raw]
                 for run in sides:
                     result = run(case, repeat, args.nproc, args.threads, workdir)
                     runs.append(result)
@@ -332,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         **stamp(),
         "machine": info,
+        "face": args.face,
         "nproc": args.nproc,
         "omp_num_threads": args.threads,
         "repeats": args.repeats,

@@ -181,6 +181,20 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()
     elapsed = time.perf_counter() - started
 
+    write_result(args, rank, world, device, elapsed, timed_samples, {"ddp_bucket_sizes": ddp_bucket_sizes(ddp)})
+
+    # Drop gloo's pending work objects while the group still exists, then leave
+    # together: tearing down with work in flight crashes at interpreter exit.
+    del ddp, model, optimizer
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def write_result(args: argparse.Namespace, rank: int, world: int, device: torch.device, elapsed: float,
+                 timed_samples: int, extra: dict[str, Any]) -> None:
+    """Every rank: reduce the time (slowest rank) and samples (all ranks); rank 0 prints and writes the result."""
     # Slowest rank's time (they are equal up to the barrier) and all ranks' samples.
     totals = torch.tensor([elapsed, float(timed_samples)], dtype=torch.float64, device=device)
     slowest = totals[:1].clone()
@@ -201,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_seconds": slowest.item() / timed_steps,
         "samples_per_second": samples.item() / slowest.item(),
         "bucket_cap_mb": args.bucket_cap_mb,
-        "ddp_bucket_sizes": ddp_bucket_sizes(ddp),
+        **extra,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
@@ -212,14 +226,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.json_out is not None:
             args.json_out.parent.mkdir(parents=True, exist_ok=True)
             args.json_out.write_text(json.dumps(result, indent=2) + "\n")
-
-    # Drop gloo's pending work objects while the group still exists, then leave
-    # together: tearing down with work in flight crashes at interpreter exit.
-    del ddp, model, optimizer
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":
