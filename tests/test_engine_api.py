@@ -70,6 +70,9 @@ pytestmark = pytest.mark.multiproc
 @pytest.mark.parametrize("name", ["fsdp2", "zero2"])
 def test_fsdp_and_deepspeed_end_with_the_weights_of_ddp(runs: dict[str, Path], name: str) -> None:
     assert max_difference(result(runs[name])["weights"], result(runs["ddp2"])["weights"]) < TOLERANCE
+    # Evaluation with every rank in every (sharded) forward counts each validation sample once.
+    assert result(runs[name])["val_samples"] == 97
+    assert result(runs[name])["val_accuracy"] == pytest.approx(result(runs["ddp2"])["val_accuracy"], abs=1 / 97)
     assert read_summary(runs[name])["strategy"] == {"fsdp2": "fsdp", "zero2": "deepspeed"}[name]
 
 
