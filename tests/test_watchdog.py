@@ -190,10 +190,13 @@ def test_a_rank_stuck_but_alive_is_reported_with_every_ranks_place(tmp_path: Pat
         tmp_path, ["--heartbeat-timeout", str(timeout)], settle_s=0, within_s=timeout + 30,
         fault=signal.SIGWINCH, env=env)
     assert gone and elapsed < timeout + 15, (elapsed, output)
-    (line,) = [line for line in output.splitlines() if line.startswith("nodescale: hang: ")]
-    assert "made no progress" in line and "; all ranks: " in line, line
-    # Whichever rank's watcher spoke, the line says where rank 1 is stuck: as the neighbour, or in the summary.
-    assert re.search(r"rank 1 .*sitecustomize\.py:\d+ in <lambda>", line), line
+    lines = [line for line in output.splitlines() if line.startswith("nodescale: hang: ")]
+    # Both ranks' watchers may speak before the launcher ends the job (seen under load): each line must
+    # say where rank 1 is stuck, as the neighbour or in the summary.
+    assert 1 <= len(lines) <= 2, output
+    for line in lines:
+        assert "made no progress" in line and "; all ranks: " in line, line
+        assert re.search(r"rank 1 .*sitecustomize\.py:\d+ in <lambda>", line), line
     assert process.returncode != 0 and str(EXIT_HANG) in output
 
 
