@@ -24,6 +24,9 @@ SCRIPT = REPO / "tests" / "api_scripts" / "train_mlp.py"
 # (FSDP's reduce-scatter, one rank's batch of 24 against two of 12) differ by float32 rounding,
 # ~1e-7 relative per step, over 26 steps on weights of size ~0.3: far below this bound.
 TOLERANCE = 1e-5
+# Every run clips the global gradient norm to this. Norms above it occur (clipping is at work: the
+# weights end ~1.5e-2 elsewhere without it), so equal weights mean every strategy clipped alike.
+CLIP = 0.3
 
 
 def launch(nproc: int, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -52,15 +55,18 @@ def resumed_copy(run_dir: Path, step: int, target: Path) -> Path:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """26 SGD steps over 301 samples (global batch 24), saved at step 10, in every layout."""
     root = tmp_path_factory.mktemp("api")
-    launch(2, ["--batch-size", "12", "--save-at", "10", "--out", str(root / "ddp2")], root)
-    launch(2, ["--strategy", "fsdp", "--batch-size", "12", "--save-at", "10", "--out", str(root / "fsdp2")], root)
-    launch(1, ["--batch-size", "24", "--out", str(root / "single1")], root)
-    launch(2, ["--strategy", "deepspeed", "--batch-size", "12", "--save-at", "10", "--out", str(root / "zero2")], root)
+    clip = ["--clip", str(CLIP)]
+    launch(2, [*clip, "--batch-size", "12", "--save-at", "10", "--out", str(root / "ddp2")], root)
+    launch(2, [*clip, "--strategy", "fsdp", "--batch-size", "12", "--save-at", "10", "--out", str(root / "fsdp2")],
+           root)
+    launch(1, [*clip, "--batch-size", "24", "--out", str(root / "single1")], root)
+    launch(2, [*clip, "--strategy", "deepspeed", "--batch-size", "12", "--save-at", "10", "--out", str(root / "zero2")],
+           root)
     # Resume from FSDP's sharded step-10 checkpoint on 1 rank and from DDP's full one on 3.
     resumed_copy(root / "fsdp2", 10, root / "resumed1")
-    launch(1, ["--strategy", "fsdp", "--batch-size", "24", "--resume", "--out", str(root / "resumed1")], root)
+    launch(1, [*clip, "--strategy", "fsdp", "--batch-size", "24", "--resume", "--out", str(root / "resumed1")], root)
     resumed_copy(root / "ddp2", 10, root / "resumed3")
-    launch(3, ["--batch-size", "8", "--resume", "--out", str(root / "resumed3")], root)
+    launch(3, [*clip, "--batch-size", "8", "--resume", "--out", str(root / "resumed3")], root)
     return {path.name: path for path in root.iterdir()}
 
 
@@ -68,7 +74,10 @@ pytestmark = pytest.mark.multiproc
 
 
 @pytest.mark.parametrize("name", ["fsdp2", "zero2"])
-def test_fsdp_and_deepspeed_end_with_the_weights_of_ddp(runs: dict[str, Path], name: str) -> None:
+def test_fsdp_and_deepspeed_clip_and_end_with_the_weights_of_ddp(runs: dict[str, Path], name: str) -> None:
+    assert result(runs["ddp2"])["largest_norm"] > CLIP  # clipping was at work
+    if name == "fsdp2":  # FSDP's norm is reduced over the shards: the same global norm as DDP's
+        assert result(runs[name])["largest_norm"] == pytest.approx(result(runs["ddp2"])["largest_norm"], rel=1e-5)
     assert max_difference(result(runs[name])["weights"], result(runs["ddp2"])["weights"]) < TOLERANCE
     # Evaluation with every rank in every (sharded) forward counts each validation sample once.
     assert result(runs[name])["val_samples"] == 97

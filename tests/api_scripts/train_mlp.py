@@ -27,7 +27,7 @@ def main() -> None:
     for flag, kind, default in (("--strategy", str, "auto"), ("--batch-size", int, 8), ("--grad-accum", int, 1),
                                 ("--epochs", int, 2), ("--train-size", int, 301), ("--save-at", int, 0),
                                 ("--sleep", float, 0.0), ("--precision", str, "fp32"), ("--stall-at", int, 0),
-                                ("--heartbeat", float, 300.0)):
+                                ("--heartbeat", float, 300.0), ("--clip", float, 0.0)):
         parser.add_argument(flag, type=kind, default=default)
     parser.add_argument("--out", required=True)
     parser.add_argument("--resume", action="store_true")
@@ -43,12 +43,14 @@ def main() -> None:
     val_loader = ctx.loader(val_set, batch_size=16, shuffle=False)
     if args.resume:
         ctx.load_checkpoint({"model": model, "optimizer": optimizer, "loader": loader})
-    seen = torch.zeros(args.train_size, dtype=torch.int64)  # how often this rank drew each sample
+    largest_norm = 0.0  # the largest gradient norm before clipping (None from DeepSpeed, whose engine clips)
     while loader.epoch < args.epochs:
         for x, y in loader:
             with ctx.autocast():
                 loss = F.cross_entropy(model(x), y)
             ctx.backward(loss)
+            norm = ctx.clip_grad_norm(model, args.clip) if args.clip else None
+            largest_norm = max(largest_norm, float(norm) if norm is not None else 0.0)
             if ctx.step(optimizer):
                 if ctx.global_step == args.save_at:
                     ctx.save_checkpoint({"model": model, "optimizer": optimizer, "loader": loader})
@@ -72,7 +74,8 @@ def main() -> None:
     state = {name: tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
              for name, tensor in ctx.unwrap(model).state_dict().items()}  # every rank gathers FSDP's shards
     ctx.save(f"{args.out}/result.pt", {"weights": state, "val_samples": int(ctx.sum(total)),
-                                       "val_accuracy": accuracy, "steps": ctx.global_step})
+                                       "val_accuracy": accuracy, "steps": ctx.global_step,
+                                       "largest_norm": largest_norm})
     del model, optimizer
     ctx.close()
 

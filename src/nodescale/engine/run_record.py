@@ -119,7 +119,8 @@ class RunRecord:
             loader = self.train_loader
             cfg = self.cfg
             if loader is not None:  # the loader's batch size, not the schema's default
-                cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"batch_size": loader.plan.batch_size})})
+                train = cfg.train.model_copy(update={"batch_size": loader.plan.batch_size})
+                cfg = cfg.model_copy(update={"train": train})
             position = {"epoch": loader.epoch if loader else 0, "global_step": self.steps}
             result = gather_summary(cfg, self.runtime, self.timing, position, evaluation,
                                     peak_memory_bytes(self.runtime.device), self.footprint,
