@@ -67,6 +67,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     launch(1, [*clip, "--strategy", "fsdp", "--batch-size", "24", "--resume", "--out", str(root / "resumed1")], root)
     resumed_copy(root / "ddp2", 10, root / "resumed3")
     launch(3, [*clip, "--batch-size", "8", "--resume", "--out", str(root / "resumed3")], root)
+    # DeepSpeed resumes its own partitions on the world size that wrote them.
+    resumed_copy(root / "zero2", 10, root / "resumed-zero2")
+    launch(2, [*clip, "--strategy", "deepspeed", "--batch-size", "12", "--resume", "--out",
+               str(root / "resumed-zero2")], root)
     return {path.name: path for path in root.iterdir()}
 
 
@@ -93,8 +97,8 @@ def test_two_ranks_of_half_the_batch_train_as_one_rank_of_all(runs: dict[str, Pa
     assert two["val_accuracy"] == one["val_accuracy"]
 
 
-@pytest.mark.parametrize("name", ["resumed1", "resumed3"])
-def test_a_checkpoint_of_two_ranks_resumes_on_one_and_on_three(runs: dict[str, Path], name: str) -> None:
+@pytest.mark.parametrize("name", ["resumed1", "resumed3", "resumed-zero2"])
+def test_two_rank_checkpoints_resume_on_one_rank_on_three_and_under_zero(runs: dict[str, Path], name: str) -> None:
     resumed, whole = result(runs[name]), result(runs["ddp2"])
     assert resumed["steps"] == 26
     # It trained steps 11-26 only, and ends where the whole run ended: weights, optimiser and the
@@ -104,6 +108,7 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one_and_on_three(runs: dict[str, P
     assert max_difference(resumed["weights"], whole["weights"]) < TOLERANCE
     summary = read_summary(runs[name])
     assert summary["world_size"] == int(name[-1]) and summary["global_steps"] == 26
+    assert summary["strategy"] == {"resumed1": "fsdp", "resumed3": "ddp", "resumed-zero2": "deepspeed"}[name]
 
 
 def test_the_summary_counts_every_ranks_samples(runs: dict[str, Path]) -> None:
