@@ -11,7 +11,6 @@ newest whole checkpoint are ``nodescale.train.checkpoint``'s, as for ``nodescale
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,9 +61,6 @@ def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, pre
     loader = next((v for v in stateful.values() if isinstance(v, EpochLoader)), None)
     position = {"epoch": loader.epoch if loader else 0, "batch_in_epoch": loader.batch_in_epoch if loader else 0,
                 "global_step": step}
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if runtime.device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state(runtime.device)
     config = cfg.model_dump(mode="json")
     if prepared is not None:
         config["model"]["name"] = model_name(prepared.strategy.unwrap(prepared.model))
@@ -77,11 +73,11 @@ def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, pre
         "position": position,
         "world_size": runtime.world_size,
         "batch_size": loader.plan.batch_size if loader else None,
-        "rng": gather_from_all(runtime, rng),  # a collective
+        "rng": gather_from_all(runtime, checkpoint.rng_state(runtime.device)),  # a collective
         "config": config,
     }
     keep = cfg.checkpoint.keep_last
-    if prepared is not None and _sharded(cfg, prepared.strategy):
+    if prepared is not None and checkpoint.is_sharded_format(cfg.checkpoint.format, prepared.strategy.name):
         state["layout"] = prepared.strategy.sharded_layout
         return checkpoint.write_sharded(
             run_dir, step, runtime.is_main, lambda: barrier(runtime),
@@ -126,19 +122,10 @@ def load(items: dict[str, Any], runtime: Runtime, prepared: Prepared | None, run
         raise UserError(f"checkpoint {path}", f"does not fit this script's objects ({first_line})",
                         "load it into the model and optimiser it was saved from, or use another out=") from None
     if state["world_size"] == runtime.world_size:  # the same ranks draw the same random numbers on
-        rng = state["rng"][runtime.rank]
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        if "cuda" in rng and runtime.device.type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda"], runtime.device)
+        checkpoint.restore_rng(state["rng"][runtime.rank], runtime.device)
     if runtime.is_main:
         print(f"nodescale: resumed from {path} (step {state['position']['global_step']})", flush=True)
     return {**saved["values"], "step": state["position"]["global_step"], "path": str(path)}
-
-
-def _sharded(cfg: RunConfig, strategy: Strategy) -> bool:
-    fmt = cfg.checkpoint.format
-    return fmt == "sharded" or (fmt == "auto" and strategy.name in ("fsdp", "deepspeed"))
 
 
 def _check_named(model_key: str | None, optimizer_key: str | None, prepared: Prepared | None, call: str) -> None:

@@ -28,7 +28,7 @@ from nodescale.train.clock import peak_memory_bytes, synchronize
 from nodescale.train.evaluate import EvalResult
 from nodescale.train.metrics_log import MetricsLog
 from nodescale.train.preemption import StopRequest, write_requeue_file
-from nodescale.train.stop_signals import parse_signals
+from nodescale.train.stop_signals import EXIT_REQUEUE, parse_signals
 from nodescale.train.trainer import Timing
 
 
@@ -55,7 +55,6 @@ class RunRecord:
         self.train_loader: EpochLoader | None = None
         self.last_values: dict[str, float] = {}
         self._timed_since: float | None = None
-        self._samples_since_warm = 0
         self._excluded = 0.0
 
     # ------------------------------------------------------------------ steps
@@ -104,7 +103,8 @@ class RunRecord:
             return None
         signal_name = self.stop.signal_name if self.stop else "none"
         if self.metrics is not None:
-            self.metrics.write({"kind": "stopped", "step": self.steps, "signal": signal_name, "exit_code": 3})
+            self.metrics.write({"kind": "stopped", "step": self.steps, "signal": signal_name,
+                                "exit_code": EXIT_REQUEUE})
         return write_requeue_file(self.run_dir) if self.run_dir is not None else None
 
     # ----------------------------------------------------------------- ending

@@ -44,8 +44,6 @@ def run_config(world_size: int, out: str | Path | None, options: dict[str, Any])
     values = {name: value for name, value in options.items() if value is not None}
     if values.get("strategy", "auto") == "auto":
         values["strategy"] = "ddp" if world_size > 1 else "single"
-    if values.get("seed") is None:
-        values.pop("seed", None)
     tree: dict[str, Any] = {}
     for name, value in values.items():
         section, key = _KEYS[name]

@@ -17,7 +17,6 @@ from nodescale.plugins.refs import PluginRef, check_ref
 
 if TYPE_CHECKING:
     import torch
-    from torch.utils.data import Dataset
 
     from nodescale.config.schema import DataSection
     from nodescale.data.base import DatasetSplits

@@ -23,6 +23,7 @@ does not load, and takes the one before.
 
 from __future__ import annotations
 
+import random
 import re
 import shutil
 import warnings
@@ -39,6 +40,27 @@ from nodescale.train import manifest
 FORMAT = "nodescale-checkpoint/1"
 TRAINER_FILE = "trainer.pt"  # inside a sharded checkpoint directory
 _NAME = re.compile(r"^step-(\d{8,})(\.pt)?$")
+
+
+def is_sharded_format(fmt: str, strategy_name: str) -> bool:
+    """Whether ``checkpoint.format`` means every rank writes its shards (``auto``: for fsdp and deepspeed)."""
+    return fmt == "sharded" or (fmt == "auto" and strategy_name in ("fsdp", "deepspeed"))
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's random-number states (torch, Python, and the GPU's), as checkpoints keep them."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    """Put back what :func:`rng_state` gave."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

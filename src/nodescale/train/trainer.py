@@ -7,7 +7,6 @@ accuracies accumulate on the device and are reduced across ranks only every
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -123,15 +122,11 @@ class Trainer:
     # ----------------------------------------------------------------- state
     @property
     def sharded_checkpoints(self) -> bool:
-        fmt = self.cfg.checkpoint.format
-        return fmt == "sharded" or (fmt == "auto" and self.strategy.name in ("fsdp", "deepspeed"))
+        return checkpoint.is_sharded_format(self.cfg.checkpoint.format, self.strategy.name)
 
     def trainer_state(self) -> dict[str, Any]:
         """Everything a resumed run needs but the model and optimiser; a collective (every rank's RNG)."""
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        rngs = gather_from_all(self.runtime, rng)
+        rngs = gather_from_all(self.runtime, checkpoint.rng_state(self.device))
         return {
             "scheduler": self.scheduler.state_dict(),
             "updater": self.updater.state_dict(),
@@ -155,11 +150,7 @@ class Trainer:
         same_layout = (state["world_size"] == self.runtime.world_size
                        and state["batch_size"] == self.cfg.train.batch_size)
         if same_layout:
-            rng = state["rng"][self.runtime.rank]
-            torch.set_rng_state(rng["torch"])
-            random.setstate(rng["python"])
-            if "cuda" in rng and self.device.type == "cuda":
-                torch.cuda.set_rng_state(rng["cuda"], self.device)
+            checkpoint.restore_rng(state["rng"][self.runtime.rank], self.device)
         elif self.position.batch_in_epoch:
             # The epoch's order is the same permutation, but it is dealt to a
             # different number of ranks: continue at the same share of the epoch.
