@@ -60,7 +60,7 @@ DEFAULT_OUT = HERE / "results" / "throughput.json"
 TARGET_RATIO = 0.98  # nodescale/raw images per second: overhead.py's 2% on step time
 UNBOUNDED_EPOCHS = 1_000_000
 VIT_PATCH = 16
-# nodescale keeps an in-memory dataset on the GPU up to this size (nodescale.data.loader.RESIDENT_BYTES);
+# nodescale keeps an in-memory dataset on the GPU up to this size (nodescale.data.epoch_loader.RESIDENT_BYTES);
 # above it every batch is copied from host memory. Read from there when importable.
 FALLBACK_RESIDENT_BYTES = 2 * 1024**3
 
@@ -658,7 +658,7 @@ def parse_batch_sizes(text: str | None, cases: list[str]) -> dict[str, int]:
 
 def resident_bytes() -> int:
     try:
-        from nodescale.data.loader import RESIDENT_BYTES
+        from nodescale.data.epoch_loader import RESIDENT_BYTES
 
         return int(RESIDENT_BYTES)
     except Exception:  # noqa: BLE001

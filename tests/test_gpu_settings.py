@@ -16,7 +16,7 @@ from nodescale.cli.main import main
 from nodescale.config.load import load_config
 from nodescale.config.schema import TrainSection
 from nodescale.data.arrays import ArrayDataset
-from nodescale.data.loader import StepLoader
+from nodescale.data.epoch_loader import EpochLoader
 from nodescale.data.sharding import ShardPlan
 from nodescale.errors import UserError
 from nodescale.train.backends import configure_math
@@ -105,24 +105,28 @@ def test_a_channels_last_store_gives_channels_last_batches_without_a_copy(dtype:
         assert not stored.x.is_contiguous()
 
     plan = ShardPlan(len(plain), 1, 0, 16, seed=0, shuffle=True)
-    loader = StepLoader(stored, plan, CPU, channels_last=True)
-    for step in plan.batches(0):
-        x, y = stored.get_batch(step.indices, CPU)
+    loader = _loader(stored, plan, CPU)
+    for step, (x, _) in zip(plan.batches(0), loader, strict=True):
         assert x.is_contiguous(memory_format=torch.channels_last)
-        batch = loader._with_weights(x, y, step)
-        assert batch.x.data_ptr() == x.data_ptr()  # the safety-net conversion copied nothing
-        assert torch.equal(batch.x, plain.get_batch(step.indices, CPU)[0])  # the same numbers
+        assert loader._shaped([x])[0].data_ptr() == x.data_ptr()  # the safety-net conversion copies nothing
+        assert torch.equal(x, plain.get_batch(step.indices, CPU)[0])  # the same numbers
 
 
 def test_a_plain_store_is_still_converted_per_batch() -> None:
     dataset = ArrayDataset(_images(), _labels(), scale=255.0)
     assert dataset.to(CPU).x.is_contiguous()
     plan = ShardPlan(len(dataset), 1, 0, 16, seed=0, shuffle=False)
-    step = plan.batches(0)[0]
-    x, y = dataset.get_batch(step.indices, CPU)
-    batch = StepLoader(dataset, plan, CPU, channels_last=True)._with_weights(x, y, step)
-    assert batch.x.is_contiguous(memory_format=torch.channels_last)
-    assert batch.x.data_ptr() != x.data_ptr()
+    x, _ = dataset.get_batch(plan.batches(0)[0].indices, CPU)
+    converted = _loader(dataset, plan, CPU)._shaped([x])[0]
+    assert converted.is_contiguous(memory_format=torch.channels_last)
+    assert converted.data_ptr() != x.data_ptr()
+    first, _ = next(iter(_loader(dataset, plan, CPU)))
+    assert first.is_contiguous(memory_format=torch.channels_last) and torch.equal(first, x)
+
+
+def _loader(dataset: ArrayDataset, plan: ShardPlan, device: torch.device, channels_last: bool = True) -> EpochLoader:
+    return EpochLoader(dataset, plan, pad=True, drop_last=False, grad_accum=1, device=device,
+                       channels_last=channels_last)
 
 
 def test_a_resident_dataset_is_stored_channels_last_once() -> None:
@@ -130,12 +134,12 @@ def test_a_resident_dataset_is_stored_channels_last_once() -> None:
     meta = torch.device("meta")
     dataset = ArrayDataset(_images(), _labels(), scale=255.0)
     plan = ShardPlan(len(dataset), 1, 0, 16)
-    resident = StepLoader(dataset, plan, meta, channels_last=True).dataset
+    resident = _loader(dataset, plan, meta).dataset
     assert isinstance(resident, ArrayDataset) and resident.x.device.type == "meta"
     assert resident.x.is_contiguous(memory_format=torch.channels_last)
-    assert StepLoader(dataset, plan, meta, channels_last=False).dataset.x.is_contiguous()
+    assert _loader(dataset, plan, meta, channels_last=False).dataset.x.is_contiguous()
     vectors = ArrayDataset(torch.randn(40, 7), _labels())  # only 4-D inputs have a channels_last layout
-    assert StepLoader(vectors, plan, meta, channels_last=True).dataset.x.is_contiguous()
+    assert _loader(vectors, plan, meta).dataset.x.is_contiguous()
 
 
 # --- pinned host batches ---------------------------------------------------------------------

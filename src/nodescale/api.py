@@ -41,7 +41,7 @@ from nodescale.dist.process_group import Runtime, abandon, barrier, shutdown, st
 from nodescale.engine import checkpoints
 from nodescale.engine.optimizer_params import rebind_parameters
 from nodescale.engine.run_record import RunRecord
-from nodescale.engine.settings import run_config
+from nodescale.engine.settings import check_process_count, run_config
 from nodescale.errors import UserError
 from nodescale.models.introspect import unwrap as unwrap_model
 from nodescale.strategies import make_strategy
@@ -66,10 +66,7 @@ def init(*, strategy: str = "auto", precision: str = "fp32", seed: int | None = 
                                            "grad_accum": grad_accum, "backend": backend, "timeout_s": timeout_s,
                                            **options})
     engine = make_strategy(cfg.strategy, cfg.train.precision)
-    if env.world_size > 1 and not engine.needs_process_group:
-        raise UserError(f"nodescale.init(strategy={cfg.strategy.name!r}) under {env.source} with "
-                        f"{env.world_size} processes", f"{cfg.strategy.name} runs in a single process",
-                        "use strategy='ddp' (or 'auto'), or start one process")
+    check_process_count(engine, env, f"nodescale.init(strategy={cfg.strategy.name!r})", "strategy='ddp' (or 'auto')")
     runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=engine.needs_process_group)
     if seed is not None:
         import random
@@ -83,11 +80,12 @@ class Context:
     """This process's place in the job, and the calls that depend on it."""
 
     def __init__(self, runtime: Runtime, cfg: Any = None, strategy: Strategy | None = None,
-                 started: float | None = None) -> None:
+                 started: float | None = None, *, library: bool = True) -> None:
         self.runtime = runtime
         self.cfg = cfg if cfg is not None else run_config(runtime.world_size, None, {})
         self.strategy = strategy if strategy is not None else make_strategy(self.cfg.strategy)
-        self.record = RunRecord(self.cfg, runtime, started or time.perf_counter())
+        self.library = library  # a script's context; else nodescale train's (its own names, --resume rules)
+        self.record = RunRecord(self.cfg, runtime, started or time.perf_counter(), library)
         self.prepared: checkpoints.Prepared | None = None
         self.global_step = 0  # optimiser steps taken (ctx.step calls that stepped)
         self._micro = 0  # micro-batches of the current window (without a ctx.loader)
@@ -148,6 +146,7 @@ class Context:
         if self.prepared is not None:
             raise UserError("ctx.prepare called twice", "one context trains one model with one optimiser",
                             "prepare the model and its optimiser together, once")
+        sync_batchnorm = sync_batchnorm or self.cfg.strategy.sync_batchnorm  # or init's, or --sync-batchnorm
         updates = {"sync_batchnorm": sync_batchnorm and self.world_size > 1, **ddp_options}
         known = set(type(self.cfg.strategy).model_fields)
         for name in updates:
@@ -184,7 +183,8 @@ class Context:
         plan = ShardPlan(len(dataset), self.world_size, self.rank, batch_size,
                          self.cfg.train.seed if seed is None else seed, shuffle)
         loader = EpochLoader(dataset, plan, pad=pad, drop_last=drop_last, grad_accum=self.cfg.train.grad_accum,
-                             device=self.device, on_batch=self._drew if pad else None, **loader_options)
+                             device=self.device, on_batch=self._drew if pad else None,
+                             clock=self.record.synced_time, **loader_options)
         if pad and self.record.train_loader is None:
             self.record.train_loader = loader  # its batch size and epochs go into the summary
         return loader
@@ -202,6 +202,10 @@ class Context:
         """Forward under the run's precision: bf16/fp16 autocast, or nothing for fp32."""
         dtype = _AUTOCAST.get(self.cfg.train.precision)
         return torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext()
+
+    def untimed(self) -> AbstractContextManager[None]:
+        """Time inside (your evaluation, say) is not training time: throughput and epoch times leave it out."""
+        return self.record.untimed()
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a batch's mean loss, scaled so the step gets the global mean over real samples.
@@ -243,7 +247,7 @@ class Context:
         if not closes:
             self._begin_micro_batch((self._micro + 1) % self.cfg.train.grad_accum == 0)
             return False
-        if self.record.footprint is None and self.global_step == 1:  # state of the first step, gradients of this
+        if self.record.footprint_due():
             self.record.footprint = self.strategy.footprint(self.prepared.model, self.prepared.optimizer)
         self.prepared.updater.step()
         self.global_step += 1
@@ -268,23 +272,29 @@ class Context:
             self._sync.__enter__()
 
     # -------------------------------------------------- logs and checkpoints
-    def log(self, values: dict[str, Any], step: int | None = None) -> dict[str, float]:
-        """Each value's mean over ranks, into metrics.jsonl/csv and the loggers (a collective)."""
-        return self.record.log(values, self.global_step if step is None else step)
+    def log(self, values: dict[str, Any], step: int | None = None, *, reduce: str | None = "mean",
+            kind: str = "step") -> dict[str, Any]:
+        """Each value reduced over ranks (``"mean"``, ``"sum"``, ``"max"``; None: the same on every rank
+        already), into metrics.jsonl/csv and the loggers as a ``kind`` record (a collective)."""
+        return self.record.log(values, self.global_step if step is None else step, reduce, kind)
 
     def save_checkpoint(self, state: dict[str, Any], step: int | None = None) -> Path:
         """Every rank: checkpoint ``state`` (the prepared model and optimiser, loaders, schedulers, values)."""
-        began = time.perf_counter()
         step = int(state.get("step", self.global_step)) if step is None else step
-        path = checkpoints.save(state, step, self.runtime, self.cfg, self.prepared, self._run_dir("save"))
-        self.record.excluded(time.perf_counter() - began)
+        with self.record.untimed():
+            path = checkpoints.save(state, step, self.runtime, self.cfg, self.prepared, self._run_dir("save"),
+                                    self.library)
+        self.record.write({"kind": "checkpoint", "step": step, "path": str(path)})
         return path
 
     def load_checkpoint(self, state: dict[str, Any]) -> dict[str, Any] | None:
         """Every rank: load the newest whole checkpoint into ``state``'s objects; its values, or None."""
-        loaded = checkpoints.load(state, self.runtime, self.prepared, self._run_dir("load"))
+        expected = None if self.library else self.cfg.model_dump(mode="json")
+        loaded = checkpoints.load(state, self.runtime, self.prepared, self._run_dir("load"), expected)
         if loaded is not None:
             self.global_step = self.record.steps = int(loaded["step"])
+            if self.library and self.is_main:
+                print(f"nodescale: resumed from {loaded['path']} (step {self.global_step})", flush=True)
         return loaded
 
     def _run_dir(self, what: str) -> Path:
@@ -298,13 +308,20 @@ class Context:
         return self.record.should_stop()
 
     def exit_for_requeue(self) -> None:
-        """After the stop's checkpoint: the requeue marker, a clean exit, exit code 3."""
-        marker = self.record.requeue_marker()
+        """After the stop's checkpoint: the requeue marker, a clean exit, exit code 3.
+
+        (``nodescale train`` without ``--resume`` exits with 1 instead: its requeued job would not continue.)
+        """
+        code = EXIT_REQUEUE if self.library or self.cfg.checkpoint.resume else 1
+        marker = self.record.requeue_marker(code)
         if self.is_main:
-            print(f"nodescale: stopped at step {self.global_step} for requeue"
-                  + (f"; requeue marker {marker}" if marker else ""), flush=True)
+            signal_name = self.record.stop.signal_name if self.record.stop else "stop"
+            said = f"{signal_name}: every rank stopped at step {self.global_step}, checkpoint written; "
+            print(said + (f"exiting with code {code} for requeue" + (f"; requeue marker {marker}" if marker else "")
+                          if code == EXIT_REQUEUE else
+                          f"not requeued (exit code {code}): continue with --out {self.out} --resume"), flush=True)
         self.close(summary=False)
-        raise SystemExit(EXIT_REQUEUE)
+        raise SystemExit(code)
 
     # ------------------------------------------------------ today's helpers
     def mean(self, value: float | torch.Tensor) -> float:

@@ -147,43 +147,46 @@ def test_tf32_and_cudnn_benchmark_reach_the_worker(tmp_path: Path, restored_math
                                  "--set", "train.cudnn_benchmark=false") == (False, False, False)
 
 
+def _loader(dataset, plan, device, channels_last=False):  # noqa: ANN001, ANN202
+    from nodescale.data.epoch_loader import EpochLoader
+
+    return EpochLoader(dataset, plan, pad=True, drop_last=False, grad_accum=1, device=device,
+                       channels_last=channels_last)
+
+
 def test_resident_channels_last_batches_are_cut_without_a_copy() -> None:
     from nodescale.data.arrays import ArrayDataset
-    from nodescale.data.loader import StepLoader
     from nodescale.data.sharding import ShardPlan
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     dataset = ArrayDataset(torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8), torch.arange(64) % 10,
                            scale=255.0, mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
     plan = ShardPlan(len(dataset), 1, 0, 16, seed=0, shuffle=True)
-    loader = StepLoader(dataset, plan, cuda, channels_last=True)
+    loader = _loader(dataset, plan, cuda, channels_last=True)
     resident = loader.dataset
     assert isinstance(resident, ArrayDataset) and resident.x.is_cuda
     assert resident.x.is_contiguous(memory_format=torch.channels_last)
-    for step in plan.batches(0):
-        x, y = resident.get_batch(step.indices.to(cuda), cuda)
-        assert x.is_contiguous(memory_format=torch.channels_last)
-        assert loader._with_weights(x, y, step).x.data_ptr() == x.data_ptr()
+    for (x, _), step in zip(loader, plan.batches(0), strict=True):
+        assert x.is_cuda and x.is_contiguous(memory_format=torch.channels_last)
+        assert loader._shaped([x])[0].data_ptr() == x.data_ptr()
         torch.testing.assert_close(x.cpu(), dataset.get_batch(step.indices, cpu)[0])
-    for batch, step in zip(loader.epoch(0), plan.batches(0), strict=True):
-        torch.testing.assert_close(batch.x.cpu(), dataset.get_batch(step.indices, cpu)[0])
 
 
 def test_host_batches_reach_the_gpu_intact(monkeypatch: pytest.MonkeyPatch) -> None:
     """A dataset too big to be resident: batches are cut on the host, pinned and copied without blocking."""
-    from nodescale.data import loader as loader_module
+    from nodescale.data import epoch_loader
     from nodescale.data.arrays import ArrayDataset
     from nodescale.data.sharding import ShardPlan
 
-    monkeypatch.setattr(loader_module, "RESIDENT_BYTES", 0)
+    monkeypatch.setattr(epoch_loader, "RESIDENT_BYTES", 0)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     dataset = ArrayDataset(torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8), torch.arange(64) % 10,
                            scale=255.0, mean=(0.5,), std=(0.25,))
     plan = ShardPlan(len(dataset), 1, 0, 16, seed=0, shuffle=True)
-    loader = loader_module.StepLoader(dataset, plan, cuda)
+    loader = _loader(dataset, plan, cuda)
     assert loader.dataset.x.device == cpu
-    for batch, step in zip(loader.epoch(0), plan.batches(0), strict=True):
-        assert batch.x.is_cuda and batch.y.is_cuda
+    for (x, y), step in zip(loader, plan.batches(0), strict=True):
+        assert x.is_cuda and y.is_cuda
         expected_x, expected_y = dataset.get_batch(step.indices, cpu)
-        torch.testing.assert_close(batch.x.cpu(), expected_x)
-        assert torch.equal(batch.y.cpu(), expected_y)
+        torch.testing.assert_close(x.cpu(), expected_x)
+        assert torch.equal(y.cpu(), expected_y)

@@ -1,4 +1,4 @@
-"""The library's loader: a ``ShardPlan`` dealt through a ``DataLoader``, every sample exactly once.
+"""The one loader of both faces: a ``ShardPlan`` dealt through a ``DataLoader``, every sample exactly once.
 
 ``ShardPlan`` pads each rank's shard to equal step counts with weight-0 samples. A
 user's loop cannot see weights, so this loader drops the padding: each rank gets
@@ -10,10 +10,15 @@ no real sample) does it get one padding sample, so that every rank runs the same
 number of steps; ``ctx.backward`` weighs that batch 0, and ``loader.real_count`` says
 0 for it. The position (epoch, batch) is saved in checkpoints and resumed on any
 world size with the same global batch.
+
+In-memory arrays (nodescale's ``ArrayDataset``, a ``TensorDataset``) are cut a whole
+batch at a time; nodescale's arrays live on the accelerator when they fit, so a step
+costs no host work. Other datasets go through the ``DataLoader`` and its workers.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,9 +27,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from nodescale.data.arrays import ArrayDataset
-from nodescale.data.loader import PlannedBatches
+from nodescale.data.arrays import ArrayDataset, copy_to_device
 from nodescale.data.sharding import ShardPlan, window_totals
+
+# Arrays up to this size are moved to the accelerator once, so batches are cut on the
+# device with no host work per step (digits, MNIST, CIFAR-10 all fit).
+RESIDENT_BYTES = 2 * 1024**3
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class EpochLoader:
 
     def __init__(self, dataset: Dataset, plan: ShardPlan, *, pad: bool, drop_last: bool, grad_accum: int,
                  device: torch.device, on_batch: Callable[[DrawnBatch], None] | None = None,
+                 channels_last: bool = False, clock: Callable[[], float] | None = None,
                  **loader_options: Any) -> None:
         self.plan = plan
         self.pad = pad  # keep every rank at the same step count (training); False: evaluation shards
@@ -48,12 +57,19 @@ class EpochLoader:
         self.grad_accum = grad_accum
         self.device = device
         self.on_batch = on_batch
+        self.channels_last = channels_last  # 4-D inputs in channels_last layout (stored so when resident)
+        self.clock = clock or time.perf_counter  # the run's training time: saves and evaluation left out
         self.epoch = 0
         self.batch_in_epoch = 0  # batches of this epoch already drawn: the resume point
         # Where the next iteration starts: an epoch's end, a loaded position or set_epoch. An iteration
         # left unfinished (a peek with next(iter(loader)), a break) is begun again from there.
         self._next_start = (0, 0)
         self.real_count = 0  # real samples in the batch drawn last
+        self.wait_seconds = 0.0  # time the loop waited for batches (loading, collation, the copy to the device)
+        self.epoch_seconds: list[float] = []  # training time of each whole epoch (begun at its first batch)
+        self.last_epoch_seconds: float | None = None  # of the epoch (or its resumed part) ended last
+        if isinstance(dataset, ArrayDataset) and device.type != "cpu" and dataset.nbytes <= RESIDENT_BYTES:
+            dataset = dataset.to(device, channels_last=channels_last)
         self._batches = PlannedBatches()
         loader_options.setdefault("pin_memory", device.type == "cuda")
         self.loader = DataLoader(dataset, batch_sampler=self._batches, **loader_options)
@@ -61,7 +77,7 @@ class EpochLoader:
         # per-sample collation, without a Python call per sample (a plain TensorDataset's options
         # beyond pin_memory would change what it yields, so they keep the DataLoader).
         plain = set(loader_options) <= {"pin_memory"}
-        self._cut = (_array_cutter(dataset) if isinstance(dataset, ArrayDataset) and plain
+        self._cut = (_array_cutter(dataset, device) if isinstance(dataset, ArrayDataset)
                      else _tensor_cutter(dataset) if isinstance(dataset, TensorDataset) and plain else None)
 
     @property
@@ -92,6 +108,7 @@ class EpochLoader:
         return steps
 
     def __iter__(self) -> Iterator[Any]:
+        began = self.clock()
         epoch, start = self._next_start
         steps = self._steps()
         self.epoch, self.batch_in_epoch = epoch, start
@@ -102,21 +119,44 @@ class EpochLoader:
             real = batch.indices[batch.weights > 0]
             if len(real) == 0 and self.pad:
                 real = batch.indices[:1]  # one padding sample: this rank still takes the step
-            kept.append(real.tolist())
+            kept.append(real)
         if not self.pad:
-            kept = [indices for indices in kept if indices]
-        self._batches.batches = kept
-        batches = (self._cut(torch.tensor(ids), self.device) for ids in kept) if self._cut else self.loader
-        for offset, data in enumerate(batches):
+            kept = [indices for indices in kept if len(indices)]
+        if self._cut is not None:
+            batches: Iterator[Any] = map(self._cut, _indices_on(self.dataset, kept))
+        else:
+            self._batches.batches = [indices.tolist() for indices in kept]
+            batches = iter(self.loader)
+        for offset in range(len(kept)):
+            waited = time.perf_counter()
+            data = self._shaped(to_device(next(batches), self.device))
+            self.wait_seconds += time.perf_counter() - waited
             index = start + offset
             self.real_count = planned[offset].real_count if self.pad else len(kept[offset])
             self.batch_in_epoch = index + 1
             if self.on_batch is not None:
                 closes = (index + 1) % self.grad_accum == 0 or index + 1 == steps
                 self.on_batch(DrawnBatch(self.real_count, totals[offset], closes))
-            yield to_device(data, self.device)
+            try:
+                yield data
+            except GeneratorExit:  # a break: after the epoch's last batch, the epoch is still done
+                if index + 1 == steps:
+                    self._end_epoch(epoch, start, began)
+                raise
+        self._end_epoch(epoch, start, began)
+
+    def _end_epoch(self, epoch: int, start: int, began: float) -> None:
+        self.last_epoch_seconds = self.clock() - began
+        if start == 0:  # an epoch resumed half-way is not a whole epoch's time
+            self.epoch_seconds.append(self.last_epoch_seconds)
         self.epoch, self.batch_in_epoch = epoch + 1, 0
         self._next_start = (epoch + 1, 0)
+
+    def _shaped(self, data: Any) -> Any:
+        # A copy only for batches not cut from a channels_last store (a no-op for those).
+        if self.channels_last and isinstance(data, list) and data and getattr(data[0], "ndim", 0) == 4:
+            data[0] = data[0].contiguous(memory_format=torch.channels_last)
+        return data
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
@@ -127,7 +167,7 @@ class EpochLoader:
         size); otherwise at the start of the next epoch, with a warning."""
         epoch, batch = int(state["epoch"]), int(state["batch_in_epoch"])
         same = (state.get("global_batch") == self.plan.batch_size * self.plan.world_size
-                and state.get("num_samples") == self.plan.num_samples)
+                and state.get("num_samples", self.plan.num_samples) == self.plan.num_samples)
         if batch and not same:
             if self.plan.rank == 0:
                 warnings.warn(f"the loader resumes at the start of epoch {epoch + 1}: the checkpoint's global "
@@ -137,6 +177,19 @@ class EpochLoader:
             epoch, batch = epoch + 1, 0
         self.epoch, self.batch_in_epoch = epoch, batch
         self._next_start = (epoch, batch)
+
+
+class PlannedBatches:
+    """A batch sampler whose batches are set per epoch (works with persistent workers)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 def to_device(data: Any, device: torch.device) -> Any:
@@ -153,11 +206,26 @@ def to_device(data: Any, device: torch.device) -> Any:
     return data
 
 
-def _array_cutter(dataset: ArrayDataset) -> Callable[[torch.Tensor, torch.device], Any]:
-    return lambda indices, device: list(dataset.get_batch(indices, device))
+def _array_cutter(dataset: ArrayDataset, device: torch.device) -> Callable[[torch.Tensor], Any]:
+    return lambda indices: list(dataset.get_batch(indices, device))  # pinned and copied without blocking
 
 
-def _tensor_cutter(dataset: TensorDataset) -> Callable[[torch.Tensor, torch.device], Any]:
-    def cut(indices: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+def _tensor_cutter(dataset: TensorDataset) -> Callable[[torch.Tensor], Any]:
+    def cut(indices: torch.Tensor) -> list[torch.Tensor]:
         return [tensor[indices] for tensor in dataset.tensors]  # a list, as the DataLoader collates tuples
     return cut
+
+
+def _indices_on(dataset: Any, batches: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each batch's sample indices where the arrays are, moved there in one copy for the whole epoch.
+
+    Indexing a CUDA tensor with CPU indices copies them with a blocking copy, which waits for
+    every queued kernel: one host synchronisation per step, and the GPU idles while Python
+    queues the next step. One pinned, non-blocking copy per epoch keeps the steps free of it.
+    """
+    tensors = dataset.tensors if isinstance(dataset, TensorDataset) else (dataset.x,)
+    device = tensors[0].device if tensors else torch.device("cpu")
+    if device.type == "cpu" or not batches:
+        return batches
+    on_device = copy_to_device(torch.cat(batches), device)
+    return list(on_device.split([len(indices) for indices in batches]))

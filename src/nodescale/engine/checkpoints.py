@@ -54,18 +54,22 @@ def _split(items: dict[str, Any], prepared: Prepared | None) -> tuple[str | None
 
 
 def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, prepared: Prepared | None,
-         run_dir: Path) -> Path:
-    """Every rank: write checkpoint ``step`` of ``items`` (a collective); returns its path."""
+         run_dir: Path, library: bool = True) -> Path:
+    """Every rank: write checkpoint ``step`` of ``items`` (a collective); returns its path.
+
+    ``library``: the settings record the script's model and optimiser classes (``nodescale
+    train``'s name its built-in or plugin model and dataset already)."""
     model_key, optimizer_key, stateful, values = _split(items, prepared)
     _check_named(model_key, optimizer_key, prepared, "ctx.save_checkpoint")
     loader = next((v for v in stateful.values() if isinstance(v, EpochLoader)), None)
     position = {"epoch": loader.epoch if loader else 0, "batch_in_epoch": loader.batch_in_epoch if loader else 0,
                 "global_step": step}
     config = cfg.model_dump(mode="json")
-    if prepared is not None:
-        config["model"]["name"] = model_name(prepared.strategy.unwrap(prepared.model))
-        config["optim"]["name"] = type(prepared.optimizer).__name__.lower()
-    config["data"]["name"] = None
+    if library:
+        if prepared is not None:
+            config["model"]["name"] = model_name(prepared.strategy.unwrap(prepared.model))
+            config["optim"]["name"] = type(prepared.optimizer).__name__.lower()
+        config["data"]["name"] = None
     state: dict[str, Any] = {
         "api": {"model_key": model_key, "optimizer_key": optimizer_key, "values": values,
                 "stateful": {key: value.state_dict() for key, value in stateful.items()}},
@@ -92,23 +96,28 @@ def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, pre
     return path
 
 
-def load(items: dict[str, Any], runtime: Runtime, prepared: Prepared | None, run_dir: Path) -> dict[str, Any] | None:
-    """Every rank: load the newest whole checkpoint into ``items``; its plain values, or None if there is none."""
+def load(items: dict[str, Any], runtime: Runtime, prepared: Prepared | None, run_dir: Path,
+         expected: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Every rank: load the newest whole checkpoint into ``items``; its plain values, or None if there is none.
+
+    ``expected``: the settings of a ``nodescale train`` run, which the checkpoint's must match
+    (its errors then speak of ``--resume``)."""
     found = checkpoint.load_newest(run_dir, collective=runtime.distributed)
     if found is None:
         return None
     state, path = found
-    if "api" not in state:
-        raise UserError(f"checkpoint {path}", "was written by `nodescale train`, not by ctx.save_checkpoint",
-                        "load its weights with `nodescale checkpoint export`, or use another out= directory")
+    what = f"checkpoint {path}" if expected is None else f"--resume from {path}"
+    if expected is not None:
+        checkpoint.check_compatible(state, expected, path)
+    saved = state["api"] if "api" in state else _from_trainer(state)
     model_key, optimizer_key, stateful, _ = _split(items, prepared)
     _check_named(model_key, optimizer_key, prepared, "ctx.load_checkpoint")
-    saved = state["api"]
     try:
         if prepared is not None:
             if "model" in state:
                 prepared.strategy.load_state_dict(prepared.model, prepared.optimizer, state)
             else:
+                _check_layout(state, prepared.strategy, what)
                 prepared.strategy.load_sharded(prepared.model, prepared.optimizer, path)
             if prepared.updater is not None and state.get("updater"):
                 prepared.updater.load_state_dict(state["updater"])
@@ -119,13 +128,33 @@ def load(items: dict[str, Any], runtime: Runtime, prepared: Prepared | None, run
             value.load_state_dict(saved["stateful"][key])
     except (RuntimeError, KeyError, ValueError) as exc:  # shapes or optimiser groups that do not fit
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"checkpoint {path}", f"does not fit this script's objects ({first_line})",
-                        "load it into the model and optimiser it was saved from, or use another out=") from None
+        hint = ("load it into the model and optimiser it was saved from, or use another out=" if expected is None
+                else "resume with the settings the run was started with, or use another --out")
+        raise UserError(what, f"the checkpoint does not fit this run ({first_line})", hint) from None
     if state["world_size"] == runtime.world_size:  # the same ranks draw the same random numbers on
         checkpoint.restore_rng(state["rng"][runtime.rank], runtime.device)
-    if runtime.is_main:
-        print(f"nodescale: resumed from {path} (step {state['position']['global_step']})", flush=True)
     return {**saved["values"], "step": state["position"]["global_step"], "path": str(path)}
+
+
+def _from_trainer(state: dict[str, Any]) -> dict[str, Any]:
+    """The objects of a checkpoint written by ``nodescale train`` before it ran on this engine."""
+    position = state["position"]
+    loader = {"epoch": position["epoch"], "batch_in_epoch": position["batch_in_epoch"],
+              "global_batch": state["batch_size"] * state["world_size"]}
+    return {"model_key": "model", "optimizer_key": "optimizer", "values": {},
+            "stateful": {"scheduler": state["scheduler"], "loader": loader}}
+
+
+def _check_layout(state: dict[str, Any], strategy: Strategy, what: str) -> None:
+    layout = state.get("layout")
+    if layout != strategy.sharded_layout:
+        writer = "DeepSpeed" if layout == "deepspeed" else "torch.distributed.checkpoint"
+        raise UserError(
+            f"{what} with strategy {strategy.name!r}",
+            f"the checkpoint is in {writer}'s sharded format ({layout}), which this strategy does not read",
+            f"resume with strategy {state['config']['strategy']['name']}, or export the weights with "
+            "`nodescale checkpoint export RUN_DIR` and start a new run",
+        )
 
 
 def _check_named(model_key: str | None, optimizer_key: str | None, prepared: Prepared | None, call: str) -> None:

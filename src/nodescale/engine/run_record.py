@@ -1,15 +1,18 @@
-"""What a library script's run leaves behind, as ``nodescale train`` does: metrics, summary, stop, heartbeat.
+"""What a run leaves behind, for both faces: metrics, honest throughput, summary, stop, heartbeat.
 
-With ``out=`` a run directory gets ``config.yaml``, ``metrics.jsonl``/``metrics.csv`` (and the
+With a run directory there are ``config.yaml``, ``metrics.jsonl``/``metrics.csv`` (and the
 chosen loggers) from ``ctx.log``, and ``summary.json`` at ``ctx.close()``. Throughput counts
-the real samples every rank drew from ``ctx.loader`` after the warm-up steps, over the
-slowest rank's time from the end of warm-up to the last optimiser step, synchronised on the
-device, with checkpoint saves excluded. Without ``out=`` nothing is written.
+the real samples every rank drew from its training ``ctx.loader`` after the warm-up steps,
+over the slowest rank's training time from the end of warm-up to the last optimiser step.
+The training clock leaves out checkpoint saves and whatever runs under ``ctx.untimed()``
+(evaluation), and synchronises the device only where it is read, never per step.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,109 +32,189 @@ from nodescale.train.evaluate import EvalResult
 from nodescale.train.metrics_log import MetricsLog
 from nodescale.train.preemption import StopRequest, write_requeue_file
 from nodescale.train.stop_signals import EXIT_REQUEUE, parse_signals
-from nodescale.train.trainer import Timing
+from nodescale.train.summary import Timing, gather_summary
 
 
 class RunRecord:
-    """One library run's files, clocks, stop agreement and heartbeat."""
+    """One run's files, clocks, stop agreement and heartbeat.
 
-    def __init__(self, cfg: RunConfig, runtime: Runtime, started: float) -> None:
-        self.cfg, self.runtime, self.started = cfg, runtime, started
+    ``library``: a script's run (names come from its objects, the files open at once, the
+    stop handlers at the first ``should_stop``); else ``nodescale train``'s, which opens the
+    files after its resume was accepted and listens for stop signals from the start.
+    """
+
+    def __init__(self, cfg: RunConfig, runtime: Runtime, started: float, library: bool = True) -> None:
+        self.cfg, self.runtime, self.started, self.library = cfg, runtime, started, library
         self.run_dir: Path | None = cfg.out
         self.metrics: MetricsLog | None = None
-        if self.run_dir is not None:
-            if runtime.is_main:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                write_text_atomic(self.run_dir / "config.yaml", dump_yaml(cfg))
-            sinks = make_sinks(cfg.observe, self.run_dir) if runtime.is_main else []
-            self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", runtime.is_main, sinks)
-            resumed = (self.run_dir / "checkpoints").is_dir()
-            self.metrics.start(cfg.model_dump(mode="json"), resumed=resumed)
         self.watchdog = start_watchdog(runtime, cfg.train.heartbeat_timeout_s)
-        self.stop: StopRequest | None = None
+        self.stop: StopRequest | None = None if library else self._stop_request()
         self.timing = Timing()
-        self.steps = 0
+        self.steps = 0  # optimiser steps of the run (a resumed run's included)
+        self.total_steps: int | None = None  # where known (nodescale train): shortens the warm-up of short runs
+        self.warmup_steps = cfg.train.timing_warmup_steps
         self.footprint: Footprint | None = None
         self.train_loader: EpochLoader | None = None
-        self.last_values: dict[str, float] = {}
-        self._timed_since: float | None = None
-        self._excluded = 0.0
+        self.last_values: dict[str, Any] = {}
+        self.summary_extra: dict[str, Any] = {}  # more for summary.json (nodescale train's monitor, profile)
+        self._steps_here = 0  # optimiser steps of this process
+        self._timed_since: float | None = None  # training time at the end of warm-up
+        self._wait_at_warm = 0.0
+        self._excluded = 0.0  # seconds left out of the training time
+        self._unsynced = False  # a step ended since the device was last synchronised
+        if library:
+            self.open(resumed=self.run_dir is not None and (self.run_dir / "checkpoints").is_dir())
 
-    # ------------------------------------------------------------------ steps
+    def open(self, resumed: bool) -> None:
+        """Rank 0 writes config.yaml, and the metric loggers start (with a run directory)."""
+        if self.run_dir is None:
+            return
+        if self.runtime.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.run_dir / "config.yaml", dump_yaml(self.cfg))
+        sinks = make_sinks(self.cfg.observe, self.run_dir) if self.runtime.is_main else []
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.runtime.is_main, sinks)
+        self.metrics.start(self.cfg.model_dump(mode="json"), resumed=resumed)
+
+    # ------------------------------------------------------------------ clock
+    def training_time(self) -> float:
+        """Seconds of training so far on this rank (not synchronised: call :meth:`sync_point` to be exact)."""
+        return time.perf_counter() - self._excluded
+
+    def synced_time(self) -> float:
+        """:meth:`training_time` once the device has caught up (an epoch's end)."""
+        self.sync_point()
+        return self.training_time()
+
+    def sync_point(self) -> None:
+        """The device catches up; the timed seconds then end with the last step's work done."""
+        if self._unsynced:
+            synchronize(self.runtime.device)
+            if self._timed_since is not None:
+                self.timing.timed_seconds = self.training_time() - self._timed_since
+            self._unsynced = False
+
+    @contextmanager
+    def untimed(self) -> Iterator[None]:
+        """Time inside does not count as training, and the watchdog does not expect steps."""
+        self.sync_point()
+        began = time.perf_counter()
+        paused = self.watchdog.paused() if self.watchdog is not None else None
+        try:
+            if paused is None:
+                yield
+            else:
+                with paused:
+                    yield
+        finally:
+            synchronize(self.runtime.device)
+            self._excluded += time.perf_counter() - began
+
     def stepped(self, samples: int) -> None:
         """An optimiser step ended, with ``samples`` real samples drawn since the one before."""
         self.steps += 1
+        self._steps_here += 1
+        self._unsynced = True
         if self._timed_since is not None:
             self.timing.timed_samples += samples
             self.timing.timed_steps += 1
-            self.timing.timed_seconds = time.perf_counter() - self._timed_since - self._excluded
-        elif self.steps >= self.cfg.train.timing_warmup_steps:
-            synchronize(self.runtime.device)
-            self._timed_since = time.perf_counter()
+            self.timing.timed_seconds = self.training_time() - self._timed_since
+        elif self._steps_here >= self._warmup():
+            self.sync_point()
+            barrier(self.runtime)  # every rank's clock starts together, none counts a wait
+            self._timed_since = self.training_time()
+            self._wait_at_warm = self.train_loader.wait_seconds if self.train_loader else 0.0
         if self.watchdog is not None:
             self.watchdog.beat(self.steps)
 
-    def excluded(self, seconds: float) -> None:
-        """Time spent saving checkpoints: not training."""
-        if self._timed_since is not None:
-            self._excluded += seconds
+    def _warmup(self) -> int:
+        """Warm-up steps; where the run is known to be short, all but its last step at most."""
+        if self.total_steps is None:
+            return self.warmup_steps
+        warmup = min(self.warmup_steps, max(0, self.total_steps - self.steps))
+        self.timing.includes_warmup = warmup == 0 and self.warmup_steps > 0
+        return warmup
+
+    def footprint_due(self) -> bool:
+        """Measure state bytes before this step: gradients of it, optimiser state of the one before."""
+        return self.footprint is None and (self.steps > 0 or self.total_steps == 1)
 
     # ---------------------------------------------------------------- metrics
-    def log(self, values: dict[str, Any], step: int | None) -> dict[str, float]:
-        """The mean of each value over all ranks (one all-reduce), written by rank 0."""
-        names = sorted(values)
-        tensor = torch.tensor([float(_number(values[n])) for n in names], dtype=torch.float64,
-                              device=self.runtime.device)
-        if self.runtime.distributed:
-            dist.all_reduce(tensor)
-            tensor /= self.runtime.world_size
-        means = dict(zip(names, tensor.tolist(), strict=True))
-        self.last_values.update(means)
+    def log(self, values: dict[str, Any], step: int | None, reduce: str | None = "mean",
+            kind: str = "step") -> dict[str, Any]:
+        """Each value reduced over all ranks (one all-reduce; ``reduce=None``: as given), written by rank 0."""
+        if reduce is not None:
+            names = sorted(values)
+            tensor = torch.tensor([float(_number(values[n])) for n in names], dtype=torch.float64,
+                                  device=self.runtime.device)
+            if self.runtime.distributed:
+                dist.all_reduce(tensor, op=dist.ReduceOp.MAX if reduce == "max" else dist.ReduceOp.SUM)
+                if reduce == "mean":
+                    tensor /= self.runtime.world_size
+            values = dict(zip(names, tensor.tolist(), strict=True))
+        self.last_values.update(values)
         if self.metrics is not None:
-            self.metrics.write({"kind": "step", "step": self.steps if step is None else step, **means})
-        return means
+            self.metrics.write({"kind": kind, "step": self.steps if step is None else step, **values})
+        return values
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(record)
+
+    def _stop_request(self) -> StopRequest:
+        return StopRequest(parse_signals(self.cfg.train.stop_signals), self.runtime.distributed,
+                           self.cfg.strategy.timeout_s)
 
     def should_stop(self) -> bool:
         if self.stop is None:  # created at the first call: a script that never asks keeps the signals' defaults
-            self.stop = StopRequest(parse_signals(self.cfg.train.stop_signals), self.runtime.distributed,
-                                    self.cfg.strategy.timeout_s)
+            self.stop = self._stop_request()
         return self.stop.agreed()
 
-    def requeue_marker(self) -> Path | None:
-        """Rank 0: the stop record and the requeue marker the job script looks for."""
+    def requeue_marker(self, code: int) -> Path | None:
+        """Rank 0: the stop record, and the requeue marker the job script looks for (exit code 3 only)."""
         if not self.runtime.is_main:
             return None
         signal_name = self.stop.signal_name if self.stop else "none"
-        if self.metrics is not None:
-            self.metrics.write({"kind": "stopped", "step": self.steps, "signal": signal_name,
-                                "exit_code": EXIT_REQUEUE})
-        return write_requeue_file(self.run_dir) if self.run_dir is not None else None
+        self.write({"kind": "stopped", "step": self.steps, "signal": signal_name, "exit_code": code})
+        if code != EXIT_REQUEUE or self.run_dir is None:
+            return None
+        return write_requeue_file(self.run_dir)
 
     # ----------------------------------------------------------------- ending
     def finish(self, summary: bool, model_name: str | None) -> dict[str, Any] | None:
         """Every rank: the summary (a collective) when asked and there is a run directory; close the rest."""
         result = None
         if summary and self.run_dir is not None:
-            from nodescale.train.summary import gather_summary
-
-            last = self.last_values
-            evaluation = EvalResult(last.get("val_loss"), last.get("val_accuracy"), None)  # type: ignore[arg-type]
-            loader = self.train_loader
-            cfg = self.cfg
-            if loader is not None:  # the loader's batch size, not the schema's default
-                train = cfg.train.model_copy(update={"batch_size": loader.plan.batch_size})
-                cfg = cfg.model_copy(update={"train": train})
-            position = {"epoch": loader.epoch if loader else 0, "global_step": self.steps}
-            result = gather_summary(cfg, self.runtime, self.timing, position, evaluation,
-                                    peak_memory_bytes(self.runtime.device), self.footprint,
-                                    time.perf_counter() - self.started)
-            result.update({"model": model_name, "dataset": None, "run_dir": str(self.run_dir)})
-            if loader is None:
-                result["batch_size_per_process"] = result["global_batch_size"] = None
+            result = self.summary(model_name)
             if self.runtime.is_main:
                 write_json_atomic(self.run_dir / "summary.json", result)
             barrier(self.runtime)
         self.close(wait=True, status="finished" if summary else "stopped", summary=result)
+        return result
+
+    def summary(self, model_name: str | None) -> dict[str, Any]:
+        """The run's summary over all ranks (a collective)."""
+        self.sync_point()
+        last = self.last_values
+        evaluation = EvalResult(last.get("val_loss"), last.get("val_accuracy"), last.get("val_samples"))
+        loader, cfg = self.train_loader, self.cfg
+        if loader is not None:  # the loader's batch size, not the schema's default
+            cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"batch_size": loader.plan.batch_size})})
+            self.timing.epoch_seconds = loader.epoch_seconds
+            if self._timed_since is not None:
+                self.timing.data_wait_seconds = loader.wait_seconds - self._wait_at_warm
+        position = {"epoch": loader.epoch if loader else 0, "global_step": self.steps}
+        result = gather_summary(cfg, self.runtime, self.timing, position, evaluation,
+                                peak_memory_bytes(self.runtime.device), self.footprint,
+                                time.perf_counter() - self.started)
+        if self.library:
+            result.update({"model": model_name, "dataset": None})
+        result.update(self.summary_extra)
+        if self.cfg.observe.log and self.metrics is not None:  # what the loggers cost rank 0 (benchmarks/observe_overhead.py)
+            result["logger_seconds"] = self.metrics.sink_seconds
+        result["run_dir"] = str(self.run_dir)
+        if loader is None:
+            result["batch_size_per_process"] = result["global_batch_size"] = None
         return result
 
     def close(self, wait: bool, status: str = "failed", summary: dict[str, Any] | None = None) -> None:

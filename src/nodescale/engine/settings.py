@@ -61,3 +61,10 @@ def run_config(world_size: int, out: str | Path | None, options: dict[str, Any])
         name = next((n for n, key in _KEYS.items() if ".".join(key) == where), where)
         raise UserError(f"nodescale.init({name}={first.get('input')!r})", first["msg"],
                         "see docs/library.md for the options and their values") from None
+
+
+def check_process_count(strategy: Any, env: Any, call: str, hint: str) -> None:
+    """A single-process strategy (single, dp) refused where a launcher started several processes."""
+    if env.world_size > 1 and not strategy.needs_process_group:
+        raise UserError(f"{call} under {env.source} with {env.world_size} processes",
+                        f"{strategy.name} runs in a single process", f"use {hint}, or start one process")

@@ -1,8 +1,8 @@
-"""Honest training time: synchronised on the device, warm-up and evaluation excluded.
+"""Device synchronisation and memory readings for honest figures.
 
 CUDA runs asynchronously, so host timestamps mean nothing until the device has
-caught up. The clock synchronises only where it reads the time (interval
-boundaries, warm-up end, around evaluation), never per step.
+caught up; the run's clock (``engine/run_record.py``) synchronises only where it
+reads the time, never per step.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import resource
 import sys
-import time
 
 import torch
 
@@ -19,35 +18,6 @@ def synchronize(device: torch.device) -> None:
     """Wait until ``device`` has finished the work queued so far."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class TrainClock:
-    """Accumulates time spent training, pausable around evaluation and checkpoints."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._total = 0.0
-        self._since: float | None = None
-
-    def start(self) -> None:
-        synchronize(self.device)
-        self._since = time.perf_counter()
-
-    def pause(self) -> None:
-        if self._since is not None:
-            synchronize(self.device)
-            self._total += time.perf_counter() - self._since
-            self._since = None
-
-    def reset(self) -> None:
-        """Forget the time so far (the end of warm-up) and keep running."""
-        self._total = 0.0
-        self.start()
-
-    @property
-    def seconds(self) -> float:
-        running = time.perf_counter() - self._since if self._since is not None else 0.0
-        return self._total + running
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:

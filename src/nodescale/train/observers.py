@@ -1,4 +1,4 @@
-"""A rank's ``--monitor`` and ``--profile``: started around ``Trainer.fit``, their results put into the summary.
+"""A rank's ``--monitor`` and ``--profile``: started around the training loop, their results put into the summary.
 
 Neither touches the step when switched off; the monitor never does (a thread
 on one process per node), the profiler only over its window of steps.
@@ -17,7 +17,6 @@ import torch
 from nodescale.config.schema import RunConfig, profile_window
 from nodescale.dist.process_group import Runtime, gather_from_all
 from nodescale.train.console import Console
-from nodescale.train.trainer import Trainer
 
 if TYPE_CHECKING:  # imported when switched on: psutil and torch.profiler cost start-up time otherwise
     from nodescale.observe.monitor import MonitorResult, NodeMonitor
@@ -37,8 +36,9 @@ class Observers:
         self.monitor: NodeMonitor | None = None
         self.profiler: StepProfiler | None = None
 
-    def start(self, trainer: Trainer) -> None:
-        """Start what was asked for; a collective when --monitor is on (every rank says where it runs)."""
+    def start(self, global_step: int) -> StepProfiler | None:
+        """Start what was asked for, the profiler (returned) from ``global_step`` on; a collective when
+        --monitor is on (every rank says where it runs)."""
         observe = self.cfg.observe
         if observe.monitor:
             pids, gpus = self._node_processes()
@@ -55,10 +55,10 @@ class Observers:
             from nodescale.observe.profiler import StepProfiler
 
             first, count = profile_window(observe.profile)
-            self.profiler = StepProfiler(first, count, trainer.position.global_step, self.run_dir / PROFILE_DIR,
+            self.profiler = StepProfiler(first, count, global_step, self.run_dir / PROFILE_DIR,
                                          self.runtime.rank, self.runtime.device)
-            trainer.profiler = self.profiler
             self.profiler.start()
+        return self.profiler
 
     def _node_processes(self) -> tuple[list[int], list[str]]:
         """The process ids of this node's ranks, and the UUIDs of their NVIDIA GPUs (one all-gather).

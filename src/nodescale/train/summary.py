@@ -8,6 +8,7 @@ its slowest rank); never rank 0's count times the world size.
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,7 +19,18 @@ from nodescale.config.schema import RunConfig
 from nodescale.dist.process_group import Runtime
 from nodescale.strategies.base import Footprint
 from nodescale.train.evaluate import EvalResult
-from nodescale.train.trainer import Timing
+
+
+@dataclass
+class Timing:
+    """What the clock saw, per rank, before the cross-rank reduction."""
+
+    epoch_seconds: list[float] = field(default_factory=list)
+    timed_seconds: float = 0.0
+    timed_samples: int = 0
+    timed_steps: int = 0
+    includes_warmup: bool = False
+    data_wait_seconds: float = 0.0
 
 
 def gather_summary(

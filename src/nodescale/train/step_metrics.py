@@ -1,0 +1,81 @@
+"""Training metrics between two log points, accumulated on the device.
+
+Nothing here forces a host-device synchronisation per step: losses and predictions
+stay on the device and are reduced across ranks only at a log point (every
+``log_every`` optimiser steps), where the time is also read.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from nodescale.data.epoch_loader import EpochLoader
+from nodescale.models.spec import Task
+from nodescale.train.clock import current_memory_bytes
+
+if TYPE_CHECKING:
+    from nodescale.api import Context
+
+
+class StepMetrics:
+    """Loss, accuracy, throughput, data wait and memory of each log interval: one ``step`` record each."""
+
+    def __init__(self, ctx: Context, loader: EpochLoader, task: Task) -> None:
+        self.ctx, self.loader, self.task = ctx, loader, task
+        self.restart()
+
+    def restart(self) -> None:
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        self.predictions: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.count = 0
+        self.first_step = self.ctx.global_step
+        self.started = self.ctx.record.synced_time()
+        self.waited = self.loader.wait_seconds
+
+    def add(self, losses: torch.Tensor, output: torch.Tensor, target: torch.Tensor, real: int) -> None:
+        """One micro-batch: its per-sample losses and outputs, of which the first ``real`` are samples.
+
+        Predictions are only kept here and compared with the targets at the log point, in one
+        go: per step that is one device operation instead of three.
+        """
+        if real == 0:
+            return  # a padding batch
+        self.loss_sum = self.loss_sum + losses.detach()[:real].sum()
+        if self.task == "classification":
+            self.predictions.append((output.detach()[:real].argmax(dim=1), target[:real]))
+        self.count += real  # known on the host: no device work for it
+
+    def log(self, step: int, epoch: int, lr: float) -> dict[str, Any]:
+        """The interval's record over all ranks, written to the run's metrics (a collective)."""
+        seconds = self.ctx.record.synced_time() - self.started
+        hits = sum(((p == t).sum(dtype=torch.float64) for p, t in self.predictions),
+                   torch.zeros((), dtype=torch.float64, device=self.ctx.device))
+        totals = torch.stack((self.loss_sum, hits, torch.tensor(float(self.count), dtype=torch.float64,
+                                                                device=self.ctx.device)))
+        # The slowest rank sets the pace, and the fullest one runs out of memory first.
+        largest = torch.tensor((seconds, self.loader.wait_seconds - self.waited,
+                                float(current_memory_bytes(self.ctx.device))), dtype=torch.float64,
+                               device=self.ctx.device)
+        if self.ctx.runtime.distributed:
+            dist.all_reduce(totals)
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        loss_sum, hits_sum, count = totals.tolist()
+        seconds, waited, memory = largest.tolist()
+        count, steps = max(count, 1.0), max(step - self.first_step, 1)
+        record = {
+            "epoch": epoch,
+            "loss": loss_sum / count,
+            "accuracy": hits_sum / count if self.task == "classification" else None,
+            "lr": lr,
+            "samples_per_second": count / seconds if seconds > 0 else None,
+            "step_seconds": seconds / steps,
+            "data_wait_seconds": waited / steps,
+            "compute_seconds": max(0.0, seconds - waited) / steps,
+            "memory_bytes": int(memory),
+        }
+        self.ctx.log(record, step, reduce=None)
+        self.restart()
+        return {"step": step, **record}
