@@ -80,6 +80,16 @@ def test_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tmp_path: Pat
     assert max_difference(final_weights(tmp_path / "full"), final_weights(tmp_path / "resumed")) == 0.0
     assert read_summary(tmp_path / "resumed")["global_steps"] == 30
 
+    # The same step in the layout nodescale train wrote before its loop ran on the library's calls
+    # (scheduler and position at the top, no "api" entry): old runs resume, on the same weights.
+    from nodescale.train import checkpoint
+
+    state = torch.load(tmp_path / "full/checkpoints/step-00000010.pt", weights_only=True)
+    state["scheduler"] = state.pop("api")["stateful"]["scheduler"]
+    checkpoint.save(tmp_path / "legacy", 10, state, 5)
+    run_cli([*args, "--out", "legacy", "--resume"], cwd=tmp_path)
+    assert max_difference(final_weights(tmp_path / "full"), final_weights(tmp_path / "legacy")) == 0.0
+
 
 def test_one_epoch_summary_is_right(tmp_path: Path) -> None:
     result = run_cli(["train", "--epochs", "1", "--no-progress", "--out", "run"], cwd=tmp_path)

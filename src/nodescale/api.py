@@ -162,11 +162,11 @@ class Context:
             rebind_parameters(optimizer, names, unwrap_model(wrapped))
             updater = self.strategy.make_updater(wrapped, optimizer, self.cfg)
             wrapped = updater.model  # DeepSpeed's engine, else the wrapped model
-        if self.cfg.train.compile:
-            wrapped = torch.compile(wrapped)
-        self.prepared = checkpoints.Prepared(self.strategy, wrapped, optimizer, updater)
+        # The state dicts are the uncompiled model's: no "_orig_mod." in a checkpoint's keys.
+        runner = torch.compile(wrapped) if self.cfg.train.compile else wrapped
+        self.prepared = checkpoints.Prepared(self.strategy, wrapped, optimizer, updater, runner)
         self._begin_micro_batch(self.cfg.train.grad_accum == 1)
-        return wrapped if optimizer is None else (wrapped, optimizer)
+        return runner if optimizer is None else (runner, optimizer)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The plain model inside the strategy's wrapper (DDP, DataParallel, torch.compile, DeepSpeed)."""
@@ -195,6 +195,7 @@ class Context:
             return
         self._drawn = batch
         self._drawn_samples += batch.real_count
+        self.record.drew()
         self._begin_micro_batch(batch.closes_window)
 
     # ------------------------------------------------------------------ step

@@ -34,6 +34,7 @@ class Prepared:
     model: nn.Module
     optimizer: torch.optim.Optimizer | None
     updater: Updater | None
+    runner: nn.Module  # what the script calls: the model, or its torch.compile form
 
 
 def _split(items: dict[str, Any], prepared: Prepared | None) -> tuple[str | None, str | None, dict, dict]:
@@ -42,7 +43,7 @@ def _split(items: dict[str, Any], prepared: Prepared | None) -> tuple[str | None
     stateful: dict[str, Any] = {}
     values: dict[str, Any] = {}
     for key, value in items.items():
-        if prepared is not None and value is prepared.model:
+        if prepared is not None and (value is prepared.model or value is prepared.runner):
             model_key = key
         elif prepared is not None and prepared.optimizer is not None and value is prepared.optimizer:
             optimizer_key = key
@@ -152,8 +153,9 @@ def _check_layout(state: dict[str, Any], strategy: Strategy, what: str) -> None:
         raise UserError(
             f"{what} with strategy {strategy.name!r}",
             f"the checkpoint is in {writer}'s sharded format ({layout}), which this strategy does not read",
-            f"resume with strategy {state['config']['strategy']['name']}, or export the weights with "
-            "`nodescale checkpoint export RUN_DIR` and start a new run",
+            f"resume with {'--strategy ' if what.startswith('--resume') else 'strategy='}"
+            f"{state['config']['strategy']['name']}, or export the weights with `nodescale checkpoint export "
+            f"{state['config'].get('out') or 'RUN_DIR'}` and start a new run",
         )
 
 

@@ -127,11 +127,17 @@ class RunRecord:
         if self.watchdog is not None:
             self.watchdog.beat(self.steps)
 
+    def drew(self) -> None:
+        """A training batch was drawn: without warm-up, the clock starts at the first."""
+        if self._timed_since is None and self._steps_here == 0 and self._warmup() == 0:
+            self._timed_since = self.training_time()
+
     def _warmup(self) -> int:
         """Warm-up steps; where the run is known to be short, all but its last step at most."""
         if self.total_steps is None:
             return self.warmup_steps
-        warmup = min(self.warmup_steps, max(0, self.total_steps - self.steps))
+        left = self.total_steps - (self.steps - self._steps_here)  # steps this process runs
+        warmup = min(self.warmup_steps, max(0, left - 1))
         self.timing.includes_warmup = warmup == 0 and self.warmup_steps > 0
         return warmup
 

@@ -41,9 +41,9 @@ def train(ctx: Context, cfg: RunConfig, model: torch.nn.Module, optimizer: torch
         for x, y in loader:
             with ctx.autocast():
                 output = model_output(model(x))
-            losses = loss(output, y)  # per sample: ctx.backward makes the batch's mean the step's global mean
-            ctx.backward(losses.mean())
-            metrics.add(losses, output, y, loader.real_count)
+            batch_loss = loss(output, y).mean()  # ctx.backward makes it the global mean over the step's samples
+            ctx.backward(batch_loss)
+            metrics.add(batch_loss, output, y, loader.real_count)
             if not ctx.step(optimizer):
                 continue  # accumulating: the window's last micro-batch steps
             scheduler.step()

@@ -28,22 +28,22 @@ class StepMetrics:
         self.restart()
 
     def restart(self) -> None:
-        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        self.losses: list[tuple[torch.Tensor, int]] = []  # (mean loss, real samples) of each micro-batch
         self.predictions: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.count = 0
         self.first_step = self.ctx.global_step
         self.started = self.ctx.record.synced_time()
         self.waited = self.loader.wait_seconds
 
-    def add(self, losses: torch.Tensor, output: torch.Tensor, target: torch.Tensor, real: int) -> None:
-        """One micro-batch: its per-sample losses and outputs, of which the first ``real`` are samples.
+    def add(self, loss: torch.Tensor, output: torch.Tensor, target: torch.Tensor, real: int) -> None:
+        """One micro-batch: its mean loss and outputs, of which the first ``real`` are samples.
 
-        Predictions are only kept here and compared with the targets at the log point, in one
-        go: per step that is one device operation instead of three.
+        Losses and predictions are only kept here and summed at the log point, in one go: the
+        step itself gets no device operation from the metrics.
         """
         if real == 0:
             return  # a padding batch
-        self.loss_sum = self.loss_sum + losses.detach()[:real].sum()
+        self.losses.append((loss.detach(), real))
         if self.task == "classification":
             self.predictions.append((output.detach()[:real].argmax(dim=1), target[:real]))
         self.count += real  # known on the host: no device work for it
@@ -53,7 +53,9 @@ class StepMetrics:
         seconds = self.ctx.record.synced_time() - self.started
         hits = sum(((p == t).sum(dtype=torch.float64) for p, t in self.predictions),
                    torch.zeros((), dtype=torch.float64, device=self.ctx.device))
-        totals = torch.stack((self.loss_sum, hits, torch.tensor(float(self.count), dtype=torch.float64,
+        loss_sum = sum((mean.double() * real for mean, real in self.losses),
+                       torch.zeros((), dtype=torch.float64, device=self.ctx.device))
+        totals = torch.stack((loss_sum, hits, torch.tensor(float(self.count), dtype=torch.float64,
                                                                 device=self.ctx.device)))
         # The slowest rank sets the pace, and the fullest one runs out of memory first.
         largest = torch.tensor((seconds, self.loader.wait_seconds - self.waited,
