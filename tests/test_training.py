@@ -46,7 +46,6 @@ def test_ddp_two_ranks_half_batch_equals_one_rank_full_batch(equivalence_runs: d
     single = final_weights(equivalence_runs["single"])
     assert max_difference(two, one) < 1e-4
     assert max_difference(one, single) < 1e-6
-    assert max_difference(two, final_weights(equivalence_runs["ddp2"])) == 0.0
 
 
 def test_validation_is_aggregated_over_all_ranks(equivalence_runs: dict[str, Path]) -> None:

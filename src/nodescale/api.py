@@ -24,7 +24,7 @@ script.py`` (one process), under ``torchrun``, ``srun`` or ``mpiexec``.
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,8 @@ class Context:
             self.close()
         else:  # other ranks may never reach a barrier now; leave without one
             self._closed = True
+            with suppress(Exception):  # the failure being handled matters more
+                self._end_sync()
             self.record.close(wait=False)
             abandon(self.runtime)
 
@@ -265,12 +267,15 @@ class Context:
 
     def _begin_micro_batch(self, closes_window: bool) -> None:
         """Gradient synchronisation on for the micro-batch that closes a window, off before it."""
-        if self._sync is not None:
-            self._sync.__exit__(None, None, None)
-            self._sync = None
+        self._end_sync()
         if self.prepared is not None and self.prepared.updater is not None:
             self._sync = self.prepared.updater.accumulating(closes_window)
             self._sync.__enter__()
+
+    def _end_sync(self) -> None:
+        if self._sync is not None:
+            sync, self._sync = self._sync, None
+            sync.__exit__(None, None, None)
 
     # -------------------------------------------------- logs and checkpoints
     def log(self, values: dict[str, Any], step: int | None = None, *, reduce: str | None = "mean",
@@ -359,9 +364,7 @@ class Context:
         if self._closed:
             return None
         self._closed = True
-        if self._sync is not None:
-            self._sync.__exit__(None, None, None)
-            self._sync = None
+        self._end_sync()
         name = checkpoints.model_name(self.unwrap(self.prepared.model)) if self.prepared else None
         result = self.record.finish(summary, name)
         self.prepared = None  # the wrappers' references go before the group does

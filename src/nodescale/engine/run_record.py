@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ class RunRecord:
         self._timed_since: float | None = None  # training time at the end of warm-up
         self._wait_at_warm = 0.0
         self._excluded = 0.0  # seconds left out of the training time
+        self._untimed = False  # inside an untimed block
         self._unsynced = False  # a step ended since the device was last synchronised
         if library:
             self.open(resumed=self.run_dir is not None and (self.run_dir / "checkpoints").is_dir())
@@ -97,18 +98,20 @@ class RunRecord:
     @contextmanager
     def untimed(self) -> Iterator[None]:
         """Time inside does not count as training, and the watchdog does not expect steps."""
+        if self._untimed:  # nested (a save inside your evaluation): the outer block counts
+            yield
+            return
         self.sync_point()
         began = time.perf_counter()
-        paused = self.watchdog.paused() if self.watchdog is not None else None
+        self._untimed = True
+        paused = self.watchdog.paused() if self.watchdog is not None else nullcontext()
         try:
-            if paused is None:
+            with paused:
                 yield
-            else:
-                with paused:
-                    yield
         finally:
             synchronize(self.runtime.device)
             self._excluded += time.perf_counter() - began
+            self._untimed = False
 
     def stepped(self, samples: int) -> None:
         """An optimiser step ended, with ``samples`` real samples drawn since the one before."""
