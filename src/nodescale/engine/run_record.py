@@ -61,7 +61,7 @@ class RunRecord:
         self._timed_since: float | None = None  # training time at the end of warm-up
         self._wait_at_warm = 0.0
         self._excluded = 0.0  # seconds left out of the training time
-        self._untimed = False  # inside an untimed block
+        self._untimed_since: float | None = None  # when the untimed block in progress began
         self._unsynced = False  # a step ended since the device was last synchronised
         if library:
             self.open(resumed=self.run_dir is not None and (self.run_dir / "checkpoints").is_dir())
@@ -79,8 +79,9 @@ class RunRecord:
 
     # ------------------------------------------------------------------ clock
     def training_time(self) -> float:
-        """Seconds of training so far on this rank (not synchronised: call :meth:`sync_point` to be exact)."""
-        return time.perf_counter() - self._excluded
+        """Seconds of training so far on this rank (not synchronised: call :meth:`sync_point` to be exact);
+        it stands still inside an untimed block."""
+        return (self._untimed_since or time.perf_counter()) - self._excluded
 
     def synced_time(self) -> float:
         """:meth:`training_time` once the device has caught up (an epoch's end)."""
@@ -98,20 +99,19 @@ class RunRecord:
     @contextmanager
     def untimed(self) -> Iterator[None]:
         """Time inside does not count as training, and the watchdog does not expect steps."""
-        if self._untimed:  # nested (a save inside your evaluation): the outer block counts
+        if self._untimed_since is not None:  # nested (a save inside your evaluation): the outer block counts
             yield
             return
         self.sync_point()
-        began = time.perf_counter()
-        self._untimed = True
+        self._untimed_since = time.perf_counter()
         paused = self.watchdog.paused() if self.watchdog is not None else nullcontext()
         try:
             with paused:
                 yield
         finally:
             synchronize(self.runtime.device)
-            self._excluded += time.perf_counter() - began
-            self._untimed = False
+            self._excluded += time.perf_counter() - self._untimed_since
+            self._untimed_since = None
 
     def stepped(self, samples: int) -> None:
         """An optimiser step ended, with ``samples`` real samples drawn since the one before."""

@@ -45,7 +45,9 @@ def evaluate(ctx: Context, model: nn.Module, loader: EpochLoader, loss: LossFn, 
             if right is not None:
                 hits = hits + right[:real].sum()
             count += real
+        # Inside the untimed block: a rank that finished first waits here for the others.
+        total = max(ctx.sum(count), 1.0)
+        accuracy = None if task == "regression" else ctx.sum(hits) / total
+        loss_mean = ctx.sum(loss_sum) / total
     model.train(was_training)
-    total = max(ctx.sum(count), 1.0)
-    accuracy = None if task == "regression" else ctx.sum(hits) / total
-    return EvalResult(ctx.sum(loss_sum) / total, accuracy, int(total))
+    return EvalResult(loss_mean, accuracy, int(total))

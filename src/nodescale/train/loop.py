@@ -63,13 +63,14 @@ def train(ctx: Context, cfg: RunConfig, model: torch.nn.Module, optimizer: torch
                 if saved_at != step:
                     ctx.save_checkpoint(state)
                 ctx.exit_for_requeue()
-        if loader.batch_in_epoch == 0:  # the epoch ran to its end
-            if ctx.global_step > metrics.first_step:
-                console.interval(metrics.log(ctx.global_step, loader.epoch - 1, scheduler.get_last_lr()[0]))
-            evaluation = evaluate(ctx, eval_model, val_loader, loss, task)
-            record = _epoch_record(loader, evaluation)
-            ctx.log(record, reduce=None, kind="epoch")
-            console.epoch(record, epochs)
+        if loader.batch_in_epoch == 0:  # the epoch ran to its end: its last figures and evaluation, untimed
+            with ctx.untimed():
+                if ctx.global_step > metrics.first_step:
+                    console.interval(metrics.log(ctx.global_step, loader.epoch - 1, scheduler.get_last_lr()[0]))
+                evaluation = evaluate(ctx, eval_model, val_loader, loss, task)
+                record = _epoch_record(loader, evaluation)
+                ctx.log(record, reduce=None, kind="epoch")
+                console.epoch(record, epochs)
     console.stop()
     if evaluation is None or loader.batch_in_epoch != 0:  # stopped mid-epoch
         evaluation = evaluate(ctx, eval_model, val_loader, loss, task)
