@@ -9,7 +9,7 @@ import torch
 
 from nodescale.atomic_files import write_atomic, write_json_atomic
 from nodescale.errors import UserError
-from nodescale.train import checkpoint
+from nodescale.engine import checkpoint_files as checkpoint
 
 
 def _state(step: int) -> dict[str, object]:

@@ -1,6 +1,6 @@
 """Checkpoint manifests: a save killed midway leaves the previous checkpoint valid; damage is found and skipped.
 
-The unit tests write checkpoints with ``nodescale.train.checkpoint`` directly
+The unit tests write checkpoints with ``nodescale.engine.checkpoint_files`` directly
 (sharded ones without a process group) and kill a real save process midway.
 The FSDP test damages a real sharded checkpoint of 2 gloo ranks and resumes.
 """
@@ -22,7 +22,8 @@ import torch
 
 from conftest import final_weights, max_difference, run_cli
 from nodescale.errors import UserError
-from nodescale.train import checkpoint, manifest
+from nodescale.engine import checkpoint_files as checkpoint
+from nodescale.engine import manifest
 
 STEP_10, STEP_20 = "step-00000010", "step-00000020"
 
@@ -122,7 +123,7 @@ KILLED_SAVE = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     import torch
-    from nodescale.train import checkpoint
+    from nodescale.engine import checkpoint_files as checkpoint
 
     run_dir, layout = Path(sys.argv[1]), sys.argv[2]
     real_save = torch.save

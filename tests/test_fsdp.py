@@ -96,7 +96,7 @@ def saved_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_every_rank_writes_its_shard_of_the_checkpoint(saved_runs: dict[str, Path]) -> None:
-    from nodescale.train.checkpoint import list_checkpoints
+    from nodescale.engine.checkpoint_files import list_checkpoints
 
     (step, path), _ = list_checkpoints(saved_runs["sharded"])
     assert step == 4 and path.is_dir()
@@ -111,7 +111,7 @@ def test_every_rank_writes_its_shard_of_the_checkpoint(saved_runs: dict[str, Pat
 
 
 def test_the_full_checkpoint_is_a_plain_state_dict(saved_runs: dict[str, Path]) -> None:
-    from nodescale.train.checkpoint import list_checkpoints
+    from nodescale.engine.checkpoint_files import list_checkpoints
 
     (_, path), _ = list_checkpoints(saved_runs["full"])
     state = torch.load(path, map_location="cpu", weights_only=True)

@@ -24,8 +24,8 @@ from nodescale.errors import UserError
 from nodescale.launch.presets import load_preset
 from nodescale.launch.render_pbs import render_pbs
 from nodescale.launch.spec import JobSpec
-from nodescale.train.preemption import StopRequest
-from nodescale.train.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE, normalise_signal_names
+from nodescale.engine.preemption import StopRequest
+from nodescale.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE, normalise_signal_names
 from proc_tree import worker_of_rank, workers_in
 from scheduler_fixtures import SlurmCluster, run_pbs_job
 from test_launch_schedulers import isolated, launch_slurm, slurm, submitted  # noqa: F401

@@ -81,7 +81,7 @@ def test_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tmp_path: Pat
 
     # The same step in the layout nodescale train wrote before its loop ran on the library's calls
     # (scheduler and position at the top, no "api" entry): old runs resume, on the same weights.
-    from nodescale.train import checkpoint
+    from nodescale.engine import checkpoint_files as checkpoint
 
     state = torch.load(tmp_path / "full/checkpoints/step-00000010.pt", weights_only=True)
     state["scheduler"] = state.pop("api")["stateful"]["scheduler"]
@@ -156,7 +156,7 @@ def test_missing_data_dir_fails_before_any_process_starts(tmp_path: Path) -> Non
 
 def test_checkpoint_holds_the_whole_training_state(tmp_path: Path) -> None:
     run_cli(["train", "--nproc", "2", "--max-steps", "3", "--no-progress", "--out", "run"], cwd=tmp_path)
-    from nodescale.train.checkpoint import list_checkpoints
+    from nodescale.engine.checkpoint_files import list_checkpoints
 
     (_, path), = list_checkpoints(tmp_path / "run")
     state = torch.load(path, weights_only=True)

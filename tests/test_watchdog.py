@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from conftest import cli_env
 from nodescale.dist.watchdog import Watchdog, summarise_ranks
-from nodescale.train.stop_signals import EXIT_HANG
+from nodescale.stop_signals import EXIT_HANG
 from proc_tree import worker_of_rank
 from test_preemption import last_step, wait_until
 

@@ -46,7 +46,7 @@ from nodescale.errors import UserError
 from nodescale.models.introspect import unwrap as unwrap_model
 from nodescale.strategies import make_strategy
 from nodescale.strategies.base import Strategy
-from nodescale.train.stop_signals import EXIT_REQUEUE
+from nodescale.stop_signals import EXIT_REQUEUE
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -2,7 +2,7 @@
 
 Timing follows nccl-tests with one difference: warm-up calls, then a barrier and a device
 synchronisation, then ``iters`` calls between two host clock readings, the second one after the
-device has finished (:func:`nodescale.train.clock.synchronize`). The time of one operation is the
+device has finished (:func:`nodescale.engine.device.synchronize`). The time of one operation is the
 elapsed time divided by ``iters``; the reported time is the largest over the ranks (an all_reduce
 MAX), since a collective is as slow as its slowest rank. (nccl-tests reports the average over
 ranks unless run with ``-a 3``.) After timing, the buffers are filled again and one call is
@@ -22,7 +22,7 @@ from nodescale.bench import comm_math
 from nodescale.bench.comm_math import Settings
 from nodescale.bench.comm_ops import DTYPES, ROOT, Case, Group
 from nodescale.dist.process_group import Runtime
-from nodescale.train.clock import synchronize
+from nodescale.engine.device import synchronize
 
 
 def bench_device(runtime: Runtime) -> torch.device:

@@ -160,7 +160,7 @@ class TrainSection(Section):
     @field_validator("stop_signals")
     @classmethod
     def _known_signals(cls, value: str) -> str:
-        from nodescale.train.stop_signals import normalise_signal_names
+        from nodescale.stop_signals import normalise_signal_names
 
         return normalise_signal_names(value)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodescale.errors import EXIT_USER_ERROR
-from nodescale.train.stop_signals import EXIT_REQUEUE
+from nodescale.stop_signals import EXIT_REQUEUE
 
 # Workers (nodescale.train.worker) write their user errors into this directory and the
 # launcher prints each distinct one once, instead of N ranks printing the same lines.

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from nodescale.dist.process_group import Runtime
 from nodescale.dist.rank_labels import ranks_label
-from nodescale.train.stop_signals import EXIT_HANG
+from nodescale.stop_signals import EXIT_HANG
 
 KEY = "nodescale-heartbeat/{rank}"
 # Reading every rank's heartbeat costs the store one request per rank per watcher, and in a

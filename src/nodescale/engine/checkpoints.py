@@ -6,7 +6,7 @@ they resume on any world size the strategy supports and ``nodescale checkpoint e
 reads them. Everything else the dict names is kept beside them: objects with
 ``state_dict``/``load_state_dict`` (loaders, LR schedulers, other modules) by their
 state, plain values as they are. Files, manifests, atomicity and the choice of the
-newest whole checkpoint are ``nodescale.train.checkpoint``'s, as for ``nodescale train``.
+newest whole checkpoint are ``nodescale.engine.checkpoint_files``'s, as for ``nodescale train``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from nodescale.data.epoch_loader import EpochLoader
 from nodescale.dist.process_group import Runtime, barrier, gather_from_all
 from nodescale.errors import UserError
 from nodescale.strategies.base import Strategy, Updater
-from nodescale.train import checkpoint
+from nodescale.engine import checkpoint_files
 
 
 @dataclass
@@ -78,21 +78,21 @@ def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, pre
         "position": position,
         "world_size": runtime.world_size,
         "batch_size": loader.plan.batch_size if loader else None,
-        "rng": gather_from_all(runtime, checkpoint.rng_state(runtime.device)),  # a collective
+        "rng": gather_from_all(runtime, checkpoint_files.rng_state(runtime.device)),  # a collective
         "config": config,
     }
     keep = cfg.checkpoint.keep_last
-    if prepared is not None and checkpoint.is_sharded_format(cfg.checkpoint.format, prepared.strategy.name):
+    if prepared is not None and checkpoint_files.is_sharded_format(cfg.checkpoint.format, prepared.strategy.name):
         state["layout"] = prepared.strategy.sharded_layout
-        return checkpoint.write_sharded(
+        return checkpoint_files.write_sharded(
             run_dir, step, runtime.is_main, lambda: barrier(runtime),
             lambda directory: prepared.strategy.save_sharded(prepared.model, prepared.optimizer, directory),
             lambda: state, keep)
     if prepared is not None:
         state.update(prepared.strategy.state_dict(prepared.model, prepared.optimizer))  # a collective
-    path = checkpoint.checkpoint_path(run_dir, step)
+    path = checkpoint_files.checkpoint_path(run_dir, step)
     if runtime.is_main:
-        checkpoint.save(run_dir, step, state, keep)
+        checkpoint_files.save(run_dir, step, state, keep)
     barrier(runtime)  # nobody reads the checkpoint (or leaves) before it is there
     return path
 
@@ -103,13 +103,13 @@ def load(items: dict[str, Any], runtime: Runtime, prepared: Prepared | None, run
 
     ``expected``: the settings of a ``nodescale train`` run, which the checkpoint's must match
     (its errors then speak of ``--resume``)."""
-    found = checkpoint.load_newest(run_dir, collective=runtime.distributed)
+    found = checkpoint_files.load_newest(run_dir, collective=runtime.distributed)
     if found is None:
         return None
     state, path = found
     what = f"checkpoint {path}" if expected is None else f"--resume from {path}"
     if expected is not None:
-        checkpoint.check_compatible(state, expected, path)
+        checkpoint_files.check_compatible(state, expected, path)
     saved = state["api"] if "api" in state else _from_trainer(state)
     model_key, optimizer_key, stateful, _ = _split(items, prepared)
     _check_named(model_key, optimizer_key, prepared, "ctx.load_checkpoint")
@@ -133,7 +133,7 @@ def load(items: dict[str, Any], runtime: Runtime, prepared: Prepared | None, run
                 else "resume with the settings the run was started with, or use another --out")
         raise UserError(what, f"the checkpoint does not fit this run ({first_line})", hint) from None
     if state["world_size"] == runtime.world_size:  # the same ranks draw the same random numbers on
-        checkpoint.restore_rng(state["rng"][runtime.rank], runtime.device)
+        checkpoint_files.restore_rng(state["rng"][runtime.rank], runtime.device)
     return {**saved["values"], "step": state["position"]["global_step"], "path": str(path)}
 
 

@@ -27,12 +27,11 @@ from nodescale.dist.process_group import Runtime, barrier
 from nodescale.dist.watchdog import start_watchdog
 from nodescale.observe.loggers import make_sinks
 from nodescale.strategies.base import Footprint
-from nodescale.train.clock import peak_memory_bytes, synchronize
-from nodescale.train.evaluate import EvalResult
-from nodescale.train.metrics_log import MetricsLog
-from nodescale.train.preemption import StopRequest, write_requeue_file
-from nodescale.train.stop_signals import EXIT_REQUEUE, parse_signals
-from nodescale.train.summary import Timing, gather_summary
+from nodescale.engine.device import peak_memory_bytes, synchronize
+from nodescale.engine.metrics_log import MetricsLog
+from nodescale.engine.preemption import StopRequest, write_requeue_file
+from nodescale.stop_signals import EXIT_REQUEUE, parse_signals
+from nodescale.engine.summary import EvalResult, Timing, gather_summary
 
 
 class RunRecord:

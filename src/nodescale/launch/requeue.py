@@ -17,7 +17,7 @@ The shape, shared by the Slurm and PBS scripts:
 from __future__ import annotations
 
 from nodescale.launch import shell
-from nodescale.train.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE
+from nodescale.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE
 
 SIGNAL = "USR1"
 # Ignored by the launcher processes between the scheduler and the ranks (torchrun, nodescale's

@@ -83,7 +83,7 @@ class JobSpec(Strict):
     env: dict[str, str] = Field(default_factory=dict, description="user --env, merged over the preset's")
     command: list[str] = Field(min_length=1)
     requeue: bool = Field(True, description="stop signal ahead of the wall time, checkpoint, and requeue on exit "
-                          "code 3 (nodescale.train.stop_signals.EXIT_REQUEUE)")
+                          "code 3 (nodescale.stop_signals.EXIT_REQUEUE)")
     stop_warning_s: int = Field(120, ge=0, description="seconds before the wall time the ranks are told to stop")
     workdir: Path = Field(description="directory the job runs in (cd there first)")
     job_dir: Path = Field(description="where the script and the logs go")

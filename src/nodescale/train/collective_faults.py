@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import NoReturn
 
-from nodescale.train.stop_signals import EXIT_HANG
+from nodescale.stop_signals import EXIT_HANG
 
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 _PEER_GONE = re.compile(r"connection reset|connection closed|broken pipe|connection refused|peer.*(closed|died)",

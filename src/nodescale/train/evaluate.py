@@ -8,25 +8,18 @@ accuracy over every validation sample exactly once, not over rank 0's shard.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from nodescale.data.epoch_loader import EpochLoader
+from nodescale.engine.summary import EvalResult
 from nodescale.models.spec import Task
 from nodescale.train.loss import LossFn, correct, model_output
 
 if TYPE_CHECKING:
     from nodescale.api import Context
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    loss: float | None
-    accuracy: float | None  # None for regression
-    samples: int | None
 
 
 def evaluate(ctx: Context, model: nn.Module, loader: EpochLoader, loss: LossFn, task: Task) -> EvalResult:

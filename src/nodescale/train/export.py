@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from nodescale.errors import UserError
-from nodescale.train import checkpoint
+from nodescale.engine import checkpoint_files
 
 
 def resolve(path: Path, verified: bool = True) -> Path:
@@ -33,7 +33,7 @@ def resolve(path: Path, verified: bool = True) -> Path:
     else:
         if not path.is_dir():
             raise UserError(f"checkpoint {path}", "does not exist", "pass a run directory or one of its checkpoints")
-        candidates = [found for _, found in reversed(checkpoint.list_checkpoints(path))]
+        candidates = [found for _, found in reversed(checkpoint_files.list_checkpoints(path))]
         if not candidates:
             raise UserError(f"run directory {path}", "holds no checkpoint",
                             "train with --checkpoint-every K, or keep the default save at the end")
@@ -41,8 +41,8 @@ def resolve(path: Path, verified: bool = True) -> Path:
         return candidates[0]
     problems = []
     for candidate in candidates:
-        problem = checkpoint.verify(candidate)
-        if checkpoint.loadable(candidate, problem):
+        problem = checkpoint_files.verify(candidate)
+        if checkpoint_files.loadable(candidate, problem):
             if problem is not None:
                 warnings.warn(f"checkpoint {candidate} {problem.text}: its files cannot be checked", stacklevel=2)
             return candidate
@@ -58,24 +58,24 @@ def resolve(path: Path, verified: bool = True) -> Path:
 
 def integrity(path: Path) -> str:
     """``whole`` or what is wrong with checkpoint ``path``'s files, per its manifest."""
-    problem = checkpoint.verify(path)
+    problem = checkpoint_files.verify(path)
     return "whole (sizes and SHA-256 match the manifest)" if problem is None else problem.text
 
 
 def _is_checkpoint(path: Path) -> bool:
-    return path.is_file() or (path / checkpoint.TRAINER_FILE).is_file()
+    return path.is_file() or (path / checkpoint_files.TRAINER_FILE).is_file()
 
 
 def read_trainer_state(path: Path) -> dict[str, Any]:
     """Everything but model and optimiser of checkpoint ``path`` (a full file: all of it)."""
-    target = path / checkpoint.TRAINER_FILE if checkpoint.is_sharded(path) else path
+    target = path / checkpoint_files.TRAINER_FILE if checkpoint_files.is_sharded(path) else path
     try:
         state = torch.load(target, map_location="cpu", weights_only=True)
     except Exception as exc:  # any unreadable file: say which and why
         raise UserError(f"checkpoint {target}", f"does not load ({type(exc).__name__}: {exc})",
                         "pick an older checkpoint of the run") from None
-    if not isinstance(state, dict) or state.get("format") != checkpoint.FORMAT:
-        raise UserError(f"checkpoint {target}", f"is not a {checkpoint.FORMAT} file",
+    if not isinstance(state, dict) or state.get("format") != checkpoint_files.FORMAT:
+        raise UserError(f"checkpoint {target}", f"is not a {checkpoint_files.FORMAT} file",
                         "pass a checkpoint written by nodescale train")
     return state
 

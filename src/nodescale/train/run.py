@@ -33,7 +33,7 @@ from nodescale.train.loss import make_loss
 from nodescale.train.observers import Observers
 from nodescale.train.optim import make_optimizer, make_scheduler
 from nodescale.train.rundir import check_run_dir, default_run_dir
-from nodescale.train.summary import summary_table
+from nodescale.engine.summary import summary_table
 
 
 def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:

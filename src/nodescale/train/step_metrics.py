@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from nodescale.data.epoch_loader import EpochLoader
 from nodescale.models.spec import Task
-from nodescale.train.clock import current_memory_bytes
+from nodescale.engine.device import current_memory_bytes
 
 if TYPE_CHECKING:
     from nodescale.api import Context

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nodescale.train.stop_signals import REQUEUE_FILE_VARIABLE
+from nodescale.stop_signals import REQUEUE_FILE_VARIABLE
 
 log = logging.getLogger(__name__)
 

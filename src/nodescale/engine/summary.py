@@ -18,7 +18,15 @@ from rich.table import Table
 from nodescale.config.schema import RunConfig
 from nodescale.dist.process_group import Runtime
 from nodescale.strategies.base import Footprint
-from nodescale.train.evaluate import EvalResult
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The last evaluation: loss and accuracy over every validation sample once, and their count."""
+
+    loss: float | None
+    accuracy: float | None  # None for regression
+    samples: int | None
 
 
 @dataclass

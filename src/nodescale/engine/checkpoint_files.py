@@ -15,7 +15,7 @@ uninterrupted one.
 Both are atomic: a file is renamed into place, a directory is written as
 ``step-NNNNNNNN.partial`` and renamed when every rank has finished. Each has a
 manifest, ``step-NNNNNNNN.manifest.json`` beside a file, with every file's size and
-SHA-256 (:mod:`nodescale.train.manifest`); a directory has its own inside,
+SHA-256 (:mod:`nodescale.engine.manifest`); a directory has its own inside,
 ``manifest.json``, so it travels with the directory. The newest ``keep_last`` are kept;
 resuming checks the manifest, skips a checkpoint that is damaged, incomplete or
 does not load, and takes the one before.
@@ -35,7 +35,7 @@ import torch
 
 from nodescale.atomic_files import write_atomic
 from nodescale.errors import UserError
-from nodescale.train import manifest
+from nodescale.engine import manifest
 
 FORMAT = "nodescale-checkpoint/1"
 TRAINER_FILE = "trainer.pt"  # inside a sharded checkpoint directory
