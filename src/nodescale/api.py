@@ -2,23 +2,19 @@
 
 ::
 
-    import nodescale
-
     ctx = nodescale.init(strategy="fsdp", precision="bf16", seed=0, out="runs/mine")
     model, optimizer = ctx.prepare(model, optimizer)
-    loader = ctx.loader(train_set, batch_size=32)       # every sample exactly once per epoch
-    for epoch in range(epochs):
-        for x, y in loader:
-            with ctx.autocast():
-                loss = loss_fn(model(x), y)
-            ctx.backward(loss)
-            ctx.step(optimizer)
-        ctx.save_checkpoint({"model": model, "optimizer": optimizer, "loader": loader})
+    for x, y in ctx.loader(train_set, batch_size=32):  # every sample exactly once per epoch
+        with ctx.autocast():
+            loss = loss_fn(model(x), y)
+        ctx.backward(loss)
+        ctx.step(optimizer)
     ctx.close()
 
-Strategies, sharding, checkpoints, the stop agreement, the watchdog and the metric
-loggers are the ones ``nodescale train`` uses. The script runs unchanged as ``python
-script.py`` (one process), under ``torchrun``, ``srun`` or ``mpiexec``.
+Strategies, sharding, checkpoints, the stop agreement, the watchdog and the metric loggers
+are the ones ``nodescale train`` uses, whose loop is written on these calls
+(``nodescale/train/loop.py``). A script runs unchanged as ``python script.py``, under
+``torchrun``, ``srun`` or ``mpiexec``.
 """
 
 from __future__ import annotations
@@ -229,16 +225,7 @@ class Context:
         """Clip the global gradient norm at a window's end (None between its micro-batches)."""
         if not self._closes_window() or self.prepared is None or self.prepared.updater is None:
             return None
-        updater = self.prepared.updater
-        if self.strategy.name == "deepspeed":  # the engine clips inside its step
-            engine = self.prepared.model
-            engine._config.gradient_clipping = max_norm
-            if hasattr(engine.optimizer, "clip_grad"):
-                engine.optimizer.clip_grad = max_norm
-            return None
-        updater.scaler.unscale_(self.prepared.optimizer)  # type: ignore[attr-defined]
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
+        return self.prepared.updater.clip_grad_norm(max_norm)
 
     def step(self, optimizer: torch.optim.Optimizer | None = None) -> bool:
         """Call after every micro-batch's backward: the optimiser steps at a window's end. Returns whether it did."""
@@ -319,13 +306,7 @@ class Context:
         (``nodescale train`` without ``--resume`` exits with 1 instead: its requeued job would not continue.)
         """
         code = EXIT_REQUEUE if self.library or self.cfg.checkpoint.resume else 1
-        marker = self.record.requeue_marker(code)
-        if self.is_main:
-            signal_name = self.record.stop.signal_name if self.record.stop else "stop"
-            said = f"{signal_name}: every rank stopped at step {self.global_step}, checkpoint written; "
-            print(said + (f"exiting with code {code} for requeue" + (f"; requeue marker {marker}" if marker else "")
-                          if code == EXIT_REQUEUE else
-                          f"not requeued (exit code {code}): continue with --out {self.out} --resume"), flush=True)
+        self.record.stopped(code)
         self.close(summary=False)
         raise SystemExit(code)
 

@@ -178,15 +178,19 @@ class RunRecord:
             self.stop = self._stop_request()
         return self.stop.agreed()
 
-    def requeue_marker(self, code: int) -> Path | None:
-        """Rank 0: the stop record, and the requeue marker the job script looks for (exit code 3 only)."""
+    def stopped(self, code: int) -> None:
+        """Rank 0: the stop record, the requeue marker the job script looks for (exit code 3), and a line."""
         if not self.runtime.is_main:
-            return None
-        signal_name = self.stop.signal_name if self.stop else "none"
+            return
+        signal_name = self.stop.signal_name if self.stop else "stop"
         self.write({"kind": "stopped", "step": self.steps, "signal": signal_name, "exit_code": code})
-        if code != EXIT_REQUEUE or self.run_dir is None:
-            return None
-        return write_requeue_file(self.run_dir)
+        said = f"{signal_name}: every rank stopped at step {self.steps}, checkpoint written; "
+        if code != EXIT_REQUEUE:
+            print(f"{said}not requeued (exit code {code}): continue with --out {self.run_dir} --resume", flush=True)
+            return
+        marker = write_requeue_file(self.run_dir) if self.run_dir is not None else None
+        print(f"{said}exiting with code {code} for requeue" + (f"; requeue marker {marker}" if marker else ""),
+              flush=True)
 
     # ----------------------------------------------------------------- ending
     def finish(self, summary: bool, model_name: str | None) -> dict[str, Any] | None:

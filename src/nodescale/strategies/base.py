@@ -52,6 +52,9 @@ class Updater(Protocol):
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of ``loss``, already normalised over the whole accumulation window."""
 
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor | None:
+        """Clip the gradients' global norm now (or in the step); the norm before clipping, where known."""
+
     def step(self) -> None:
         """Clip, take the optimiser step, and clear the gradients (once per window)."""
 

@@ -74,6 +74,12 @@ class DeepSpeedUpdater:
         # The loss is already normalised over the window: no second division by the accumulation steps.
         self.model.backward(loss, scale_wrt_gas=False)
 
+    def clip_grad_norm(self, max_norm: float) -> None:
+        """The engine clips inside its step: set the norm it clips to (it does not say the norm)."""
+        self.model._config.gradient_clipping = max_norm
+        if hasattr(self.model.optimizer, "clip_grad"):
+            self.model.optimizer.clip_grad = max_norm
+
     def step(self) -> None:
         self.model.step()
 

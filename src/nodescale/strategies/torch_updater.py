@@ -38,11 +38,15 @@ class TorchUpdater:
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Unscale the gradients (fp16), clip their global norm, return the norm before clipping."""
+        self.scaler.unscale_(self.optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: reduced over the shards
+
     def step(self) -> None:
         if self.grad_clip is not None:
-            self.scaler.unscale_(self.optimizer)
-            # FSDP2's parameters are DTensors: the norm is reduced over the shards.
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            self.clip_grad_norm(self.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
