@@ -19,6 +19,7 @@ are the ones ``nodescale train`` uses, whose loop is written on these calls
 
 from __future__ import annotations
 
+import random
 import time
 from contextlib import AbstractContextManager, nullcontext, suppress
 from pathlib import Path
@@ -65,8 +66,6 @@ def init(*, strategy: str = "auto", precision: str = "fp32", seed: int | None = 
     check_process_count(engine, env, f"nodescale.init(strategy={cfg.strategy.name!r})", "strategy='ddp' (or 'auto')")
     runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=engine.needs_process_group)
     if seed is not None:
-        import random
-
         torch.manual_seed(seed)
         random.seed(seed)
     return Context(runtime, cfg, engine, started)
@@ -94,6 +93,8 @@ class Context:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if self._closed:  # ctx.close() or ctx.exit_for_requeue() came first
+            return
         if exc_type is None:
             self.close()
         else:  # other ranks may never reach a barrier now; leave without one

@@ -54,10 +54,7 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
     observers = Observers(cfg, runtime, cfg.out)
     try:
         return _train(ctx, observers)
-    except SystemExit:
-        observers.abort()
-        raise  # ctx.exit_for_requeue: closed already
-    except BaseException as exc:
+    except BaseException as exc:  # ctx.exit_for_requeue's SystemExit too: the context is closed then
         observers.abort()
         ctx.__exit__(type(exc), exc, None)  # another rank may never reach a barrier now: leave without one
         if isinstance(exc, CollectiveFault):  # another rank's fault: say so, without this rank's traceback
