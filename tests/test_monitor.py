@@ -22,16 +22,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nodescale.observe.device_readers import (
+from nodescale.observe.device_parsing import (
     DeviceSample,
-    NvmlReader,
     cuda_visible_indices,
-    detect_reader,
     rocm_smi_cards,
     rocm_smi_name,
     rocm_smi_sample,
     rocm_visible_indices,
 )
+from nodescale.observe.device_readers import NvmlReader, detect_reader
 from nodescale.observe.monitor import HOST_COLUMNS, NodeMonitor, device_columns
 from nodescale.report.build import build_report
 

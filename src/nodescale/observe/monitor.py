@@ -22,7 +22,8 @@ from typing import Any, TextIO
 
 import psutil
 
-from nodescale.observe.device_readers import DeviceReader, DeviceSample, detect_reader
+from nodescale.observe.device_parsing import DeviceSample
+from nodescale.observe.device_readers import DeviceReader, detect_reader
 
 # Fixed columns of every row, then DEVICE_FIELDS once per device as gpu{i}_<field>.
 HOST_COLUMNS: tuple[str, ...] = (
