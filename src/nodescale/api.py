@@ -1,6 +1,4 @@
-"""The library face of nodescale's engine: a few calls make a single-GPU loop distributed.
-
-::
+"""The library face of nodescale's engine: a few calls make a single-GPU loop distributed::
 
     ctx = nodescale.init(strategy="fsdp", precision="bf16", seed=0, out="runs/mine")
     model, optimizer = ctx.prepare(model, optimizer)
@@ -11,10 +9,9 @@
         ctx.step(optimizer)
     ctx.close()
 
-Strategies, sharding, checkpoints, the stop agreement, the watchdog and the metric loggers
-are the ones ``nodescale train`` uses, whose loop is written on these calls
-(``nodescale/train/loop.py``). A script runs unchanged as ``python script.py``, under
-``torchrun``, ``srun`` or ``mpiexec``.
+Strategies, sharding, checkpoints, the stop agreement, the watchdog and the loggers are
+``nodescale train``'s, whose loop is written on these calls (``nodescale/train/loop.py``).
+A script runs unchanged as ``python script.py``, under ``torchrun``, ``srun`` or ``mpiexec``.
 """
 
 from __future__ import annotations
@@ -197,7 +194,6 @@ class Context:
         self.record.drew()
         self._begin_micro_batch(batch.closes_window)
 
-    # ------------------------------------------------------------------ step
     def autocast(self) -> AbstractContextManager[Any]:
         """Forward under the run's precision: bf16/fp16 autocast, or nothing for fp32."""
         dtype = _AUTOCAST.get(self.cfg.train.precision)

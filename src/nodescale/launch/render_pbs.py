@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import requeue, shell
+from nodescale.launch import requeue, shell, startup
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # PBS Pro refuses longer job names.
@@ -96,7 +96,7 @@ def select(spec: JobSpec, preset: Preset) -> str:
     chunk = f"{spec.nodes}:ncpus={preset.cpus_per_node}"
     if preset.gpu_request == "pbs-ngpus" and spec.gpus_per_node > 0:
         chunk += f":ngpus={spec.gpus_per_node}"
-    return f"{chunk}:mpiprocs={shell.tasks_per_node(spec)}"
+    return f"{chunk}:mpiprocs={startup.tasks_per_node(spec)}"
 
 
 def walltime(time: str) -> str:
@@ -121,7 +121,7 @@ def word(value: str, what: str) -> str:
 
 def mpiexec_words(spec: JobSpec, preset: Preset, total: int, per_node: int, env_names: list[str]) -> list[str]:
     """``mpiexec`` starting ``total`` processes, ``per_node`` on each node, in the preset's flavour."""
-    bind = shell.cpu_bind_for(spec, preset) or "none"
+    bind = startup.cpu_bind_for(spec, preset) or "none"
     if preset.mpiexec == "pals":
         return ["mpiexec", "-n", str(total), "--ppn", str(per_node), "--cpu-bind", bind]
     if preset.mpiexec == "mpich":
@@ -174,11 +174,11 @@ def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[st
         launcher = mpiexec_words(spec, preset, 1, 1, env_names)
         comment = ["# Spawn mode: the command runs once, on one node, and starts its own processes.", *why]
         spawn_script = [*ignore, 'exec "$@"'] if ignore else None
-        return [*comment, *shell.launch_command(launcher, preset.container, spawn_script, "nodescale-spawn",
-                                                spec.command)]
+        return [*comment, *startup.launch_command(launcher, preset.container, spawn_script, "nodescale-spawn",
+                                                  spec.command)]
     if spec.mode == "torchrun":
         launcher = mpiexec_words(spec, preset, nodes, 1, env_names)
-        script = shell.torchrun_script(nodes, nproc, _NODE_RANK, "$PBS_JOBID")
+        script = startup.torchrun_script(nodes, nproc, _NODE_RANK, "$PBS_JOBID")
         if spec.requeue:
             # mpiexec signals torchrun only, not its workers: torchrun passes USR1 on when told to
             # handle it (and gives the workers its --shutdown-timeout, 30 s, before killing them).
@@ -188,9 +188,9 @@ def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[st
     else:
         launcher = mpiexec_words(spec, preset, nodes * nproc, nproc, env_names)
         # PALS names the node; MPICH and Open MPI place ranks in blocks of nproc per node.
-        script = [*ignore, *shell.per_task_script(_RANK, _LOCAL_RANK, str(nodes * nproc), nproc,
-                                                  f"${{PALS_NODEID:-$(( RANK / {nproc} ))}}")]
+        script = [*ignore, *startup.per_task_script(_RANK, _LOCAL_RANK, str(nodes * nproc), nproc,
+                                                    f"${{PALS_NODEID:-$(( RANK / {nproc} ))}}")]
         comment = ["# per-gpu mode: one MPI rank per process, given torchrun's variables from the MPI ones."]
         name = "nodescale-task"
-    comment += [*why, shell.ARGS_COMMENT]
-    return [*comment, *shell.launch_command(launcher, preset.container, script, name, spec.command)]
+    comment += [*why, startup.ARGS_COMMENT]
+    return [*comment, *startup.launch_command(launcher, preset.container, script, name, spec.command)]

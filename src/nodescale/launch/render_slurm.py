@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import requeue, shell
+from nodescale.launch import requeue, shell, startup
 from nodescale.launch.spec import JobSpec, Preset
 
 # The job's logs, inside spec.job_dir; %j is Slurm's job id.
@@ -56,12 +56,12 @@ def render_slurm(spec: JobSpec, preset: Preset) -> str:
 
 def directives(spec: JobSpec, preset: Preset) -> list[str]:
     """The ``#SBATCH`` options, without the prefix: resources, account, logs, then the preset's."""
-    tasks = shell.tasks_per_node(spec)
+    tasks = startup.tasks_per_node(spec)
     options = [
         f"--job-name={shell.safe_job_name(spec.job_name)}",
         f"--nodes={spec.nodes}",
         f"--ntasks-per-node={tasks}",
-        f"--cpus-per-task={shell.cpus_per_task(spec, preset)}",
+        f"--cpus-per-task={startup.cpus_per_task(spec, preset)}",
     ]
     options += gpu_options(spec, preset)
     options.append(f"--time={spec.time}")
@@ -135,8 +135,8 @@ def run_lines(spec: JobSpec, preset: Preset) -> list[list[str]]:
 
 def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
     """The comment and the ``srun`` line that start the job's processes, by mode."""
-    options = [f"--cpus-per-task={shell.cpus_per_task(spec, preset)}"]
-    bind = shell.cpu_bind_for(spec, preset)
+    options = [f"--cpus-per-task={startup.cpus_per_task(spec, preset)}"]
+    bind = startup.cpu_bind_for(spec, preset)
     if bind:
         options.append(f"--cpu-bind={bind}")
     why = [
@@ -148,20 +148,20 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
         launcher = ["srun", "--nodes=1", "--ntasks=1", *options]
         comment = ["# Spawn mode: the command runs once, on one node, and starts its own processes.", *why]
         spawn_script = [*ignore, 'exec "$@"'] if ignore else None
-        return [*comment, *shell.launch_command(launcher, preset.container, spawn_script, "nodescale-spawn",
-                                                spec.command)]
+        return [*comment, *startup.launch_command(launcher, preset.container, spawn_script, "nodescale-spawn",
+                                                  spec.command)]
     options.append("--kill-on-bad-exit=1")
     why.append("# --kill-on-bad-exit: one failed task ends the step instead of leaving the others waiting.")
     if spec.mode == "torchrun":
         launcher = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", *options]
-        script = shell.torchrun_script(spec.nodes, spec.nproc_per_node, "$SLURM_NODEID", "$SLURM_JOB_ID")
+        script = startup.torchrun_script(spec.nodes, spec.nproc_per_node, "$SLURM_NODEID", "$SLURM_JOB_ID")
         comment = [f"# torchrun mode: one torchrun per node, each starting {spec.nproc_per_node} processes."]
         name = "nodescale-node"
     else:
         launcher = ["srun", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.nproc_per_node}", *options]
-        script = shell.per_task_script("$SLURM_PROCID", "$SLURM_LOCALID", "$SLURM_NTASKS", spec.nproc_per_node,
-                                       "$SLURM_NODEID")
+        script = startup.per_task_script("$SLURM_PROCID", "$SLURM_LOCALID", "$SLURM_NTASKS", spec.nproc_per_node,
+                                         "$SLURM_NODEID")
         comment = ["# per-gpu mode: one Slurm task per process, given torchrun's variables from Slurm's."]
         name = "nodescale-task"
-    comment += [*why, shell.ARGS_COMMENT]
-    return [*comment, *shell.launch_command(launcher, preset.container, [*ignore, *script], name, spec.command)]
+    comment += [*why, startup.ARGS_COMMENT]
+    return [*comment, *startup.launch_command(launcher, preset.container, [*ignore, *script], name, spec.command)]
