@@ -139,9 +139,7 @@ class RunRecord:
         if self.total_steps is None:
             return self.warmup_steps
         left = self.total_steps - (self.steps - self._steps_here)  # steps this process runs
-        warmup = min(self.warmup_steps, max(0, left - 1))
-        self.timing.includes_warmup = warmup == 0 and self.warmup_steps > 0
-        return warmup
+        return min(self.warmup_steps, max(0, left - 1))
 
     def footprint_due(self) -> bool:
         """Measure state bytes before this step: gradients of it, optimiser state of the one before."""
@@ -215,6 +213,7 @@ class RunRecord:
             self.timing.epoch_seconds = loader.epoch_seconds
             if self._timed_since is not None:
                 self.timing.data_wait_seconds = loader.wait_seconds - self._wait_at_warm
+        self.timing.includes_warmup = self._warmup() == 0 and self.warmup_steps > 0  # a run too short to leave any out
         position = {"epoch": loader.epoch if loader else 0, "global_step": self.steps}
         result = gather_summary(cfg, self.runtime, self.timing, position, evaluation,
                                 peak_memory_bytes(self.runtime.device), self.footprint,
@@ -222,7 +221,7 @@ class RunRecord:
         if self.library:
             result.update({"model": model_name, "dataset": None})
         result.update(self.summary_extra)
-        if self.cfg.observe.log and self.metrics is not None:  # what the loggers cost rank 0 (benchmarks/observe_overhead.py)
+        if self.cfg.observe.log and self.metrics is not None:  # the loggers' cost (benchmarks/observe_overhead.py)
             result["logger_seconds"] = self.metrics.sink_seconds
         result["run_dir"] = str(self.run_dir)
         if loader is None:
