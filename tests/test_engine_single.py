@@ -118,3 +118,13 @@ def test_mistakes_in_a_loop_are_explained(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="does not name the optimizer"):
         ctx.save_checkpoint({"model": model})
     ctx.close()
+
+
+def test_log_reduces_as_asked_and_refuses_an_unknown_reduction(tmp_path: Path) -> None:
+    with nodescale.init(out=tmp_path) as ctx:
+        assert ctx.log({"loss": torch.tensor([1.0, 3.0])}) == {"loss": 2.0}  # a tensor: its mean
+        assert ctx.log({"accuracy": None}, reduce=None, kind="epoch") == {"accuracy": None}  # as given
+        with pytest.raises(UserError, match="is not a reduction"):
+            ctx.log({"loss": 1.0}, reduce="median")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in records] == ["step", "epoch"]

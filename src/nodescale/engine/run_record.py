@@ -25,13 +25,14 @@ from nodescale.config.schema import RunConfig
 from nodescale.data.epoch_loader import EpochLoader
 from nodescale.dist.process_group import Runtime, barrier
 from nodescale.dist.watchdog import start_watchdog
-from nodescale.observe.loggers import make_sinks
-from nodescale.strategies.base import Footprint
 from nodescale.engine.device import peak_memory_bytes, synchronize
 from nodescale.engine.metrics_log import MetricsLog
 from nodescale.engine.preemption import StopRequest, write_requeue_file
-from nodescale.stop_signals import EXIT_REQUEUE, parse_signals
 from nodescale.engine.summary import EvalResult, Timing, gather_summary
+from nodescale.errors import UserError
+from nodescale.observe.loggers import make_sinks
+from nodescale.stop_signals import EXIT_REQUEUE, parse_signals
+from nodescale.strategies.base import Footprint
 
 
 class RunRecord:
@@ -149,6 +150,8 @@ class RunRecord:
     def log(self, values: dict[str, Any], step: int | None, reduce: str | None = "mean",
             kind: str = "step") -> dict[str, Any]:
         """Each value reduced over all ranks (one all-reduce; ``reduce=None``: as given), written by rank 0."""
+        if reduce not in (None, "mean", "sum", "max"):
+            raise UserError(f"ctx.log(reduce={reduce!r})", "is not a reduction", 'use "mean", "sum", "max" or None')
         if reduce is not None:
             names = sorted(values)
             tensor = torch.tensor([float(_number(values[n])) for n in names], dtype=torch.float64,
