@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nodescale.dist.env import DistEnv, detect, port_for_job
-from nodescale.dist.hostlist import expand_hostlist, read_nodefile
+from nodescale.distributed.env import DistEnv, detect, port_for_job
+from nodescale.distributed.hostlist import expand_hostlist, read_nodefile
 from nodescale.errors import UserError
 
 # --- recorded environments -------------------------------------------------------------------

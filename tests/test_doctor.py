@@ -22,7 +22,7 @@ import pytest
 
 from conftest import cli_env, run_cli
 from nodescale.cli.doctor_cmd import parse_nproc, parse_timeout
-from nodescale.dist.rank_labels import rank_ranges
+from nodescale.distributed.rank_labels import rank_ranges
 from nodescale.doctor import bandwidth, consistency, evaluate, launch_math, names, network
 from nodescale.doctor.check import FAIL, OK, WARN, Check, exit_code, merge_rank_rows, worst
 from nodescale.doctor.exchange import Exchange

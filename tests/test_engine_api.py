@@ -135,7 +135,7 @@ def test_an_api_checkpoint_exports_to_a_plain_state_dict(runs: dict[str, Path], 
 
 
 def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_exit_code_3(tmp_path: Path) -> None:
-    from nodescale.dist.ports import free_port
+    from nodescale.distributed.ports import free_port
 
     port = str(free_port("127.0.0.1"))
     args = [sys.executable, str(SCRIPT), "--epochs", "50", "--sleep", "0.05", "--out", str(tmp_path / "run")]

@@ -19,7 +19,7 @@ from nodescale.data.arrays import ArrayDataset
 from nodescale.data.epoch_loader import EpochLoader
 from nodescale.data.sharding import ShardPlan
 from nodescale.errors import UserError
-from nodescale.train.backends import configure_math
+from nodescale.train.math_settings import configure_math
 
 CPU = torch.device("cpu")
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from conftest import read_summary, run_cli
-from nodescale.dist.env import port_for_job
+from nodescale.distributed.env import port_for_job
 from scheduler_fixtures import SlurmCluster, processes_with, search_path
 
 pytestmark = pytest.mark.multiproc

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import golden_files
-from nodescale.dist.env import port_for_job
+from nodescale.distributed.env import port_for_job
 from nodescale.errors import UserError
 from nodescale.launch import shell
 from nodescale.launch.render_pbs import render_pbs, walltime

@@ -24,8 +24,8 @@ import pytest
 import torch.distributed as dist
 
 from conftest import cli_env
-from nodescale.dist.env import DistEnv
-from nodescale.dist.process_group import STORE_BIND_VARIABLE, _job_store, bind_address, listening_store
+from nodescale.distributed.env import DistEnv
+from nodescale.distributed.process_group import STORE_BIND_VARIABLE, _job_store, bind_address, listening_store
 from proc_tree import descendants
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from /proc")

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from nodescale.dist.sync_batchnorm import CpuSyncBatchNorm, convert_sync_batchnorm
+from nodescale.distributed.sync_batchnorm import CpuSyncBatchNorm, convert_sync_batchnorm
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
 WORLD_SIZE = 2

@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 
 from conftest import read_summary, run_cli
-from nodescale.dist.env import port_for_job
+from nodescale.distributed.env import port_for_job
 from scheduler_fixtures import MPIEXEC, _pbs_environment, require, run_job_script, search_path
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]

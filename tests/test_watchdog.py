@@ -15,7 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from conftest import cli_env
-from nodescale.dist.watchdog import Watchdog, summarise_ranks
+from nodescale.distributed.watchdog import Watchdog, summarise_ranks
 from nodescale.stop_signals import EXIT_HANG
 from proc_tree import worker_of_rank
 from test_preemption import last_step, wait_until

@@ -30,8 +30,8 @@ from torch.utils.data import Dataset
 from nodescale.atomic_files import write_atomic
 from nodescale.data.epoch_loader import DrawnBatch, EpochLoader
 from nodescale.data.sharding import ShardPlan
-from nodescale.dist.env import DistEnv, detect
-from nodescale.dist.process_group import Runtime, abandon, barrier, shutdown, start
+from nodescale.distributed.env import DistEnv, detect
+from nodescale.distributed.process_group import Runtime, abandon, barrier, shutdown, start
 from nodescale.engine import checkpoints
 from nodescale.engine.optimizer_params import rebind_parameters
 from nodescale.engine.run_record import RunRecord
@@ -315,7 +315,7 @@ class Context:
     def sum(self, value: float | torch.Tensor) -> float:
         """The sum of ``value`` over all ranks (a collective)."""
         tensor = torch.as_tensor(value, dtype=torch.float64, device=self.device).detach().clone()
-        if self.runtime.distributed:
+        if self.runtime.has_process_group:
             dist.all_reduce(tensor)
         return float(tensor)
 

@@ -35,10 +35,10 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from nodescale.dist.env import LOOPBACK
-from nodescale.dist.local_launch import describe_failure
-from nodescale.dist.ports import free_port
-from nodescale.dist.worker_group import _die_with_parent, worker_environment
+from nodescale.distributed.env import LOOPBACK
+from nodescale.distributed.local_launch import describe_failure
+from nodescale.distributed.ports import free_port
+from nodescale.distributed.worker_group import _die_with_parent, worker_environment
 from nodescale.errors import UserError
 
 # How long ranks told to stop (after another failed) get before SIGKILL: they only need to exit,

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from nodescale.bench import comm_math
 from nodescale.bench.comm_math import Settings
 from nodescale.bench.comm_ops import DTYPES, ROOT, Case, Group
-from nodescale.dist.process_group import Runtime
+from nodescale.distributed.process_group import Runtime
 from nodescale.engine.device import synchronize
 
 

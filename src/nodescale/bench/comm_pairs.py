@@ -26,7 +26,7 @@ import torch.distributed as dist
 from nodescale.bench import comm_math
 from nodescale.bench.comm import group_barrier, make_group, measure
 from nodescale.bench.comm_math import Settings
-from nodescale.dist.process_group import Runtime, gather_from_all
+from nodescale.distributed.process_group import Runtime, gather_from_all
 
 SLOW_FRACTION = 0.5
 

@@ -19,7 +19,7 @@ from nodescale.bench.comm_math import Settings
 from nodescale.errors import UserError, unknown_choice
 
 if TYPE_CHECKING:
-    from nodescale.dist.env import DistEnv
+    from nodescale.distributed.env import DistEnv
 
 DEFAULT_SIZES = "1K:64M"
 
@@ -75,7 +75,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def _check_backend(backend: str) -> None:
-    from nodescale.dist.accelerators import visible_gpus  # torch only where a GPU driver is loaded
+    from nodescale.distributed.accelerators import visible_gpus  # torch only where a GPU driver is loaded
 
     if backend == "nccl" and not visible_gpus():
         raise UserError("--backend nccl", "needs CUDA GPUs, and this process sees none", "use --backend gloo on CPU")
@@ -83,7 +83,7 @@ def _check_backend(backend: str) -> None:
 
 def _nproc(value: str) -> int:
     if value == "auto":
-        from nodescale.dist.accelerators import default_local_processes
+        from nodescale.distributed.accelerators import default_local_processes
 
         return default_local_processes()
     if not value.isdigit() or int(value) < 1:
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         _nproc(args.nproc)  # a typo in --nproc is reported before torch is imported
     settings = settings_from(args)
     _check_backend(args.backend)
-    from nodescale.dist.env import detect
+    from nodescale.distributed.env import detect
 
     env = detect()
     if env.source != "single":  # started by torchrun, srun, mpiexec...: we are one of the ranks
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     args.out = args.out or default_out_dir()  # decided once, here, so every rank writes to the same place
     if nproc == 1:
         return run_rank(args, settings, env)
-    from nodescale.dist.local_launch import run_cli_locally
+    from nodescale.distributed.local_launch import run_cli_locally
 
     return run_cli_locally(worker_argv(args), nproc)
 
@@ -134,8 +134,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
 def run_rank(args: argparse.Namespace, settings: Settings, env: DistEnv) -> int:
     """This rank's part: join the group, run the sweep (or the pairs), rank 0 reports. 1 if anything was wrong."""
 
-    from nodescale.bench import comm_output
-    from nodescale.dist.process_group import shutdown, start
+    from nodescale.bench import comm_worker
+    from nodescale.distributed.process_group import shutdown, start
 
     if args.pairs and env.world_size < 2:
         raise UserError("--pairs", f"needs at least 2 ranks, and this job has {env.world_size}")
@@ -143,9 +143,9 @@ def run_rank(args: argparse.Namespace, settings: Settings, env: DistEnv) -> int:
     try:
         out = Path(args.out) if args.out else default_out_dir()
         if args.pairs:
-            ok = comm_output.pairs(runtime, settings, out)
+            ok = comm_worker.pairs(runtime, settings, out)
         else:
-            ok = comm_output.sweep(runtime, settings, out, plot=not args.no_plot)
+            ok = comm_worker.sweep(runtime, settings, out, plot=not args.no_plot)
     finally:  # a script that set up its own group and calls the CLI in-process keeps it
         shutdown(runtime)
     return 0 if ok else 1

@@ -92,7 +92,7 @@ def _pair(flag: str, value: str | None) -> list[str]:
 
 
 def _refuse_launcher() -> None:
-    from nodescale.dist.env import detect
+    from nodescale.distributed.env import detect
 
     source = detect().source
     if source != "single":

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     # those failures itself, in one line. Set before torch is imported (here and in --nproc's
     # workers, which inherit it); an explicit TORCH_CPP_LOG_LEVEL wins.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from nodescale.dist.env import detect
+    from nodescale.distributed.env import detect
 
     env = detect()
     if env.source == "single" and nproc is not None and nproc > 1:
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch_local(nproc: int, out: Path | None, as_json: bool, timeout_s: float, backend: str) -> int:
     """Run the doctor in ``nproc`` local processes; rank 0's verdict is the exit code."""
-    from nodescale.dist.local_launch import run_cli_locally
+    from nodescale.distributed.local_launch import run_cli_locally
     from nodescale.doctor.facts import VERDICT_VARIABLE
 
     argv = ["doctor", "--timeout", repr(timeout_s), "--backend", backend]

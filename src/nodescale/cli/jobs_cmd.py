@@ -23,7 +23,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def list_jobs(args: argparse.Namespace) -> int:
-    from nodescale.launch.registry import submitted_jobs
+    from nodescale.launch.job_log import submitted_jobs
     from nodescale.launch.submit import job_states
 
     jobs = submitted_jobs()
@@ -44,7 +44,7 @@ def list_jobs(args: argparse.Namespace) -> int:
 
 
 def cancel_job(args: argparse.Namespace) -> int:
-    from nodescale.launch.registry import find
+    from nodescale.launch.job_log import find
     from nodescale.launch.submit import cancel_job as cancel
     from nodescale.launch.submit import job_states
 

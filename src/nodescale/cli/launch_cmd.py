@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _submit(spec: Any, script: str, stem: str) -> int:
-    from nodescale.launch.registry import JobRecord, record
+    from nodescale.launch.job_log import JobRecord, record
     from nodescale.launch.submit import submit_script
 
     spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
@@ -257,7 +257,7 @@ def _run_local(spec: Any, dry_run: bool) -> int:
             return subprocess.call(spec.command)
         except FileNotFoundError:
             raise program_not_found(spec.command[0]) from None
-    from nodescale.dist.local_launch import launch_local
+    from nodescale.distributed.local_launch import launch_local
 
     # Any script's rank 0 would serve the store on every interface: a store process serves it on loopback.
     return launch_local(spec.command, spec.nproc_per_node, store_process=True)

@@ -29,14 +29,14 @@ def local_process_count(cfg: RunConfig) -> int:
         return 1
     if cfg.strategy.nproc != "auto":
         return int(cfg.strategy.nproc)
-    from nodescale.dist.accelerators import default_local_processes
+    from nodescale.distributed.accelerators import default_local_processes
 
     return default_local_processes()
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
-    from nodescale.dist.env import detect
+    from nodescale.distributed.env import detect
 
     env = detect()
     _warn_if_srun_forgotten(env.source)
@@ -68,7 +68,7 @@ def _warn_about_restarts_under_a_launcher(cfg: RunConfig, source: str) -> None:
     """Restarts belong to whoever started the processes; say what nodescale's flag does not do there."""
     import os
 
-    from nodescale.dist.local_launch import current_restart
+    from nodescale.distributed.local_launch import current_restart
 
     if cfg.checkpoint.max_restarts:
         warnings.warn(f"--max-restarts ignored: {source} started the processes, so it restarts them "
@@ -104,7 +104,7 @@ def _run_here(cfg: RunConfig) -> int:
         return 0
     import tempfile
 
-    from nodescale.dist.local_launch import launch_local
+    from nodescale.distributed.local_launch import launch_local
 
     # The workers' copy of the configuration; rank 0 writes the run's config.yaml itself
     # once training is sure to start (a refused --resume must not overwrite it).
@@ -132,7 +132,7 @@ def _check_deepspeed_config(cfg: RunConfig, world_size: int) -> None:
 def _check_offload_has_an_accelerator(cfg: RunConfig) -> None:
     if cfg.strategy.cpu_offload == "none":  # the check imports torch (nodescale.strategies): only when it matters
         return
-    from nodescale.dist.accelerators import visible_gpus
+    from nodescale.distributed.accelerators import visible_gpus
     from nodescale.strategies.offload import refuse_offload_without_accelerator
 
     refuse_offload_without_accelerator(cfg.strategy.cpu_offload, visible_gpus() > 0)

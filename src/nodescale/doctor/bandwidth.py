@@ -14,7 +14,7 @@ from typing import Any
 
 from nodescale.bench import comm_math
 from nodescale.bench.comm_math import algbw_gbps
-from nodescale.dist.rank_labels import ranks_label
+from nodescale.distributed.rank_labels import ranks_label
 from nodescale.doctor.check import Check, fail, ok, warn
 
 SLOW_FRACTION = 0.5  # a rank below half the median is "far below the rest of the job"

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from nodescale.dist.rank_labels import rank_ranges
+from nodescale.distributed.rank_labels import rank_ranges
 
 OK = "ok"
 WARN = "warn"

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from nodescale.dist.env import DistEnv
+from nodescale.distributed.env import DistEnv
 
 ALLREDUCE_BYTES = 4 * 2**20  # a few MB: past the latency-bound sizes, quick on any link
 WARMUP = 2
@@ -31,7 +31,7 @@ def run(env: DistEnv, backend: str, timeout_s: float, partners: Sequence[int]) -
     """Start the process group, measure, leave it; the measurement, never an exception."""
     import torch
 
-    from nodescale.dist.process_group import abandon, shutdown, start
+    from nodescale.distributed.process_group import abandon, shutdown, start
 
     result: dict[str, Any] = {"error": None, "backend": backend}
     runtime = None

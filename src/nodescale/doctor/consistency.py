@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from nodescale.dist.rank_labels import rank_ranges, ranks_label
+from nodescale.distributed.rank_labels import rank_ranges, ranks_label
 from nodescale.doctor.check import Check, fail, ok, plural, warn
 from nodescale.doctor.facts import RankFacts
 from nodescale.doctor.launch_math import gpus_of_node

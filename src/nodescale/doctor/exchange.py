@@ -9,7 +9,7 @@ of a ``torch.distributed`` store. Which store is the launcher's business, mirror
   because that store outlives one attempt;
 * otherwise (srun, mpiexec, hand-set variables) rank 0 starts the store there, as
   ``init_process_group("env://")`` would. It is multi-tenant, so the process group that
-  :func:`nodescale.dist.process_group.start` creates later in the same process reuses the
+  :func:`nodescale.distributed.process_group.start` creates later in the same process reuses the
   server instead of failing to bind the port a second time;
 * a single process uses an in-memory store: no port, so none can clash.
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from nodescale.dist.env import DistEnv
+from nodescale.distributed.env import DistEnv
 
 POLL_S = 0.05
 KEY_PREFIX = "nodescale-doctor"
@@ -131,7 +131,7 @@ def connect(env: DistEnv, timeout_s: float, environ: Mapping[str, str] | None = 
             # wait_for_workers=False: rank 0 must not block here until everyone connects; it
             # waits in gather() instead, where it can name who is missing. Rank 0 listens on
             # MASTER_ADDR only where it can (see docs/security.md), as training's store does.
-            from nodescale.dist.process_group import rank0_store
+            from nodescale.distributed.process_group import rank0_store
 
             own = rank0_store(env, timeout, wait_for_workers=False) if listening else None
             store = own or dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=listening,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from nodescale.dist.env import DistEnv
+from nodescale.distributed.env import DistEnv
 from nodescale.doctor import host, names
 
 # Scheduler variables the launch checks compare with the run (only these are sent: the rest of
@@ -46,7 +46,7 @@ class RankFacts:
     local_world_size: int
     node_rank: int
     num_nodes: int
-    source: str  # the launcher nodescale.dist.env detected
+    source: str  # the launcher nodescale.distributed.env detected
     launcher: str  # who started the ranks, in words
     host: str
     pid: int
@@ -135,7 +135,7 @@ def _torch_facts(env: DistEnv, requested_backend: str, facts: RankFacts) -> None
         import torch
         import torch.distributed as dist
 
-        from nodescale.dist.process_group import choose_backend, select_device
+        from nodescale.distributed.process_group import choose_backend, select_device
     except Exception as exc:  # a broken torch install is exactly what the doctor must report
         facts.problems.append(f"import torch failed: {exc}")
         return
@@ -174,7 +174,7 @@ def _read_nodefile(path: str, problems: list[str]) -> tuple[list[str] | None, in
     """The node file's distinct hosts and its number of lines (slots)."""
     from pathlib import Path
 
-    from nodescale.dist.hostlist import read_nodefile
+    from nodescale.distributed.hostlist import read_nodefile
 
     try:
         slots = sum(1 for line in Path(path).read_text().splitlines() if line.split("#", 1)[0].strip())

@@ -16,7 +16,7 @@ import struct
 import threading
 from pathlib import Path
 
-from nodescale.dist.env import resolve_ipv4_first
+from nodescale.distributed.env import resolve_ipv4_first
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 _IF_INET6 = Path("/proc/net/if_inet6")

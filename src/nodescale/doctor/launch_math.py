@@ -17,11 +17,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nodescale.dist.rank_labels import rank_ranges, ranks_label
+from nodescale.distributed.rank_labels import rank_ranges, ranks_label
 from nodescale.doctor.check import Check, fail, ok, plural, warn
 from nodescale.doctor.facts import RankFacts
 
-# Slurm's reserved step ids (batch, extern, interactive) are all >= this (see dist/env.py).
+# Slurm's reserved step ids (batch, extern, interactive) are all >= this (see distributed/env.py).
 _SLURM_SPECIAL_STEP_IDS = 0xFFFFFFF0
 
 
@@ -153,7 +153,7 @@ def allocation(rank0: RankFacts) -> Allocation | None:
         step = env.get("SLURM_STEP_ID", "").strip()
         in_step = step.isdigit() and int(step) < _SLURM_SPECIAL_STEP_IDS
         described = []
-        if in_step:  # the step's own counts; the job's go stale in a smaller step (see dist/env.py)
+        if in_step:  # the step's own counts; the job's go stale in a smaller step (see distributed/env.py)
             tasks, shown_tasks = _number(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
             nodes, shown_nodes = _number(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
         else:

@@ -92,7 +92,7 @@ def print_tables(doc: Mapping[str, Any], stream: Any = None) -> None:
 
 
 def _rank_cells(rank: Mapping[str, Any], world_size: int) -> list[str]:
-    from nodescale.dist.rank_labels import rank_ranges
+    from nodescale.distributed.rank_labels import rank_ranges
 
     device = rank["device"] + (f" {rank['device_name']}" if rank.get("device_name") else "")
     memory = f"{rank['device_memory_bytes'] / 2**30:.1f} GiB" if rank.get("device_memory_bytes") else ""

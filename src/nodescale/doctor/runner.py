@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nodescale.atomic_files import write_text_atomic
-from nodescale.dist.env import DistEnv
+from nodescale.distributed.env import DistEnv
 from nodescale.doctor import collective, evaluate, network, report
 from nodescale.doctor.check import Check, fail
 from nodescale.doctor.exchange import Exchange, StoreUnavailable, connect

@@ -20,7 +20,7 @@ from torch import nn
 
 from nodescale.config.schema import RunConfig
 from nodescale.data.epoch_loader import EpochLoader
-from nodescale.dist.process_group import Runtime, barrier, gather_from_all
+from nodescale.distributed.process_group import Runtime, barrier, gather_from_all
 from nodescale.errors import UserError
 from nodescale.strategies.base import Strategy, Updater
 from nodescale.engine import checkpoint_files
@@ -103,7 +103,7 @@ def load(items: dict[str, Any], runtime: Runtime, prepared: Prepared | None, run
 
     ``expected``: the settings of a ``nodescale train`` run, which the checkpoint's must match
     (its errors then speak of ``--resume``)."""
-    found = checkpoint_files.load_newest(run_dir, collective=runtime.distributed)
+    found = checkpoint_files.load_newest(run_dir, collective=runtime.has_process_group)
     if found is None:
         return None
     state, path = found

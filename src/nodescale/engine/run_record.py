@@ -23,8 +23,8 @@ from nodescale.atomic_files import write_json_atomic, write_text_atomic
 from nodescale.config.load import dump_yaml
 from nodescale.config.schema import RunConfig
 from nodescale.data.epoch_loader import EpochLoader
-from nodescale.dist.process_group import Runtime, barrier
-from nodescale.dist.watchdog import start_watchdog
+from nodescale.distributed.process_group import Runtime, barrier
+from nodescale.distributed.watchdog import start_watchdog
 from nodescale.engine.device import peak_memory_bytes, synchronize
 from nodescale.engine.metrics_log import MetricsLog
 from nodescale.engine.preemption import StopRequest, write_requeue_file
@@ -156,7 +156,7 @@ class RunRecord:
             names = sorted(values)
             tensor = torch.tensor([float(_number(values[n])) for n in names], dtype=torch.float64,
                                   device=self.runtime.device)
-            if self.runtime.distributed:
+            if self.runtime.has_process_group:
                 dist.all_reduce(tensor, op=dist.ReduceOp.MAX if reduce == "max" else dist.ReduceOp.SUM)
                 if reduce == "mean":
                     tensor /= self.runtime.world_size
@@ -171,7 +171,7 @@ class RunRecord:
             self.metrics.write(record)
 
     def _stop_request(self) -> StopRequest:
-        return StopRequest(parse_signals(self.cfg.train.stop_signals), self.runtime.distributed,
+        return StopRequest(parse_signals(self.cfg.train.stop_signals), self.runtime.has_process_group,
                            self.cfg.strategy.timeout_s)
 
     def should_stop(self) -> bool:

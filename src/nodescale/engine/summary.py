@@ -16,7 +16,7 @@ import torch.distributed as dist
 from rich.table import Table
 
 from nodescale.config.schema import RunConfig
-from nodescale.dist.process_group import Runtime
+from nodescale.distributed.process_group import Runtime
 from nodescale.strategies.base import Footprint
 
 
@@ -61,7 +61,7 @@ def gather_summary(
                           dtype=torch.float64, device=device)
     rates = torch.zeros(runtime.world_size, dtype=torch.float64, device=device)
     rates[runtime.rank] = timing.timed_samples / timing.timed_seconds if timing.timed_seconds > 0 else 0.0
-    if runtime.distributed:
+    if runtime.has_process_group:
         dist.all_reduce(samples)
         dist.all_reduce(maxima, op=dist.ReduceOp.MAX)  # every rank ran the same epochs
         dist.all_reduce(rates)  # each rank filled only its own slot
@@ -115,7 +115,7 @@ def _gather_footprints(footprint: Footprint | None, runtime: Runtime) -> dict[st
     mine = [float(getattr(footprint, kind)) for kind in kinds] if footprint else [-1.0] * len(kinds)
     table = torch.zeros(runtime.world_size, len(kinds), dtype=torch.float64, device=runtime.device)
     table[runtime.rank] = torch.tensor(mine, dtype=torch.float64)
-    if runtime.distributed:
+    if runtime.has_process_group:
         dist.all_reduce(table)  # each rank filled only its own row
     rows = table.tolist()
     if any(value < 0 for row in rows for value in row):

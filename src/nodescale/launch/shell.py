@@ -20,7 +20,7 @@ import re
 import shlex
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from nodescale.dist.env import DEFAULT_PORT, JOB_PORT_BASE, JOB_PORT_SPAN
+from nodescale.distributed.env import DEFAULT_PORT, JOB_PORT_BASE, JOB_PORT_SPAN
 from nodescale.errors import UserError
 from nodescale.launch.spec import JobSpec, Preset
 
@@ -177,7 +177,7 @@ def port_function() -> list[str]:
     ``15000 + (leading number [+ array index] % 15000)``: every node computes the same port
     from the same id, and two jobs sharing a node get different ports instead of both taking
     29500. Ids without a leading number (never seen from Slurm or PBS) use Python's CRC32,
-    like :func:`nodescale.dist.env.port_for_job`. ``10#`` stops bash reading ``0123`` as octal.
+    like :func:`nodescale.distributed.env.port_for_job`. ``10#`` stops bash reading ``0123`` as octal.
     """
     base, span = JOB_PORT_BASE, JOB_PORT_SPAN
     crc = f"import sys, zlib; print({base} + zlib.crc32(sys.argv[1].strip().encode()) % {span})"
@@ -208,7 +208,7 @@ def rendezvous_block(
         "# agents (or the processes themselves) meet at. Which node that is, is known only once",
         "# the job runs, so it is looked up here, never written in.",
         *why_head,
-        "# The port derives from the job id (nodescale.dist.env.port_for_job): the same on every",
+        "# The port derives from the job id (nodescale.distributed.env.port_for_job): the same on every",
         "# node, and different for two jobs that share a node, unlike a fixed 29500.",
         *ipv4_function(),
         *port_function(),

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from nodescale.config.schema import RunConfig
-from nodescale.dist.process_group import Runtime
+from nodescale.distributed.process_group import Runtime
 
 
 @dataclass(frozen=True)

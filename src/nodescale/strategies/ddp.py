@@ -10,8 +10,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nodescale.config.schema import StrategySection
-from nodescale.dist.process_group import Runtime
-from nodescale.dist.sync_batchnorm import convert_sync_batchnorm
+from nodescale.distributed.process_group import Runtime
+from nodescale.distributed.sync_batchnorm import convert_sync_batchnorm
 from nodescale.strategies.base import load_replicated_state_dict, replicated_state_dict
 from nodescale.strategies.torch_native import TorchNative
 

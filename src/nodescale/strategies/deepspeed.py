@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from nodescale.config.schema import RunConfig, StrategySection
-from nodescale.dist.process_group import Runtime
+from nodescale.distributed.process_group import Runtime
 from nodescale.errors import UserError
 from nodescale.models.introspect import has_batchnorm
 from nodescale.strategies.base import Footprint

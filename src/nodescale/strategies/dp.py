@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nodescale.dist.process_group import Runtime
+from nodescale.distributed.process_group import Runtime
 from nodescale.strategies.base import load_replicated_state_dict, replicated_state_dict
 from nodescale.strategies.torch_native import TorchNative
 

@@ -38,8 +38,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from nodescale.config.schema import StrategySection
-from nodescale.dist.process_group import Runtime
-from nodescale.dist.sync_batchnorm import convert_sync_batchnorm
+from nodescale.distributed.process_group import Runtime
+from nodescale.distributed.sync_batchnorm import convert_sync_batchnorm
 from nodescale.errors import UserError
 from nodescale.models.introspect import has_batchnorm, repeated_blocks
 from nodescale.strategies.offload import refuse_offload_without_accelerator

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nodescale.config.schema import RunConfig, profile_window
-from nodescale.dist.process_group import Runtime, gather_from_all
+from nodescale.distributed.process_group import Runtime, gather_from_all
 from nodescale.train.console import Console
 
 if TYPE_CHECKING:  # imported when switched on: psutil and torch.profiler cost start-up time otherwise

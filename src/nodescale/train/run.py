@@ -1,7 +1,7 @@
 """One rank's whole run: process group, data, model, strategy, training, summary.
 
 Called in every worker process, whoever started it: nodescale's own local
-launcher, torchrun, srun or mpiexec (``nodescale.dist.env`` tells them apart).
+launcher, torchrun, srun or mpiexec (``nodescale.distributed.env`` tells them apart).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import torch.distributed as dist
 from nodescale.api import Context
 from nodescale.config.schema import RunConfig
 from nodescale.data.registry import get_format
-from nodescale.dist.env import DistEnv, detect
-from nodescale.dist.local_launch import current_restart
-from nodescale.dist.process_group import Runtime, barrier, start
+from nodescale.distributed.env import DistEnv, detect
+from nodescale.distributed.local_launch import current_restart
+from nodescale.distributed.process_group import Runtime, barrier, start
 from nodescale.engine.settings import check_process_count
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
 from nodescale.plugins.build import build_for_run
 from nodescale.strategies import make_strategy
-from nodescale.train.backends import configure_math
+from nodescale.train.math_settings import configure_math
 from nodescale.train.collective_faults import CollectiveFault, LeftAfterCollectiveFault, end_process_now, explain
 from nodescale.train.console import Console
 from nodescale.train.loop import train
@@ -78,7 +78,7 @@ def run_training_as_worker(cfg: RunConfig, env: DistEnv | None = None) -> dict[s
 
 def _agree_run_dir(cfg: RunConfig, runtime: Runtime) -> Path:
     chosen = [str(cfg.out or default_run_dir(cfg))]
-    if runtime.distributed and cfg.out is None:
+    if runtime.has_process_group and cfg.out is None:
         dist.broadcast_object_list(chosen, src=0)  # ranks' clocks may straddle a second
     return Path(chosen[0])
 

@@ -61,7 +61,7 @@ class StepMetrics:
         largest = torch.tensor((seconds, self.loader.wait_seconds - self.waited,
                                 float(current_memory_bytes(self.ctx.device))), dtype=torch.float64,
                                device=self.ctx.device)
-        if self.ctx.runtime.distributed:
+        if self.ctx.runtime.has_process_group:
             dist.all_reduce(totals)
             dist.all_reduce(largest, op=dist.ReduceOp.MAX)
         loss_sum, hits_sum, count = totals.tolist()

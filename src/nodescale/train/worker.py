@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from nodescale.dist.local_launch import hand_over_user_error
+from nodescale.distributed.local_launch import hand_over_user_error
 from nodescale.errors import EXIT_USER_ERROR, UserError
 
 

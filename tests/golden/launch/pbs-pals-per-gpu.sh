@@ -43,7 +43,7 @@ export RUN_NOTE='lr 0.1, '"'"'warm'"'"' start'
 # the job runs, so it is looked up here, never written in.
 # PBS lists the job's hosts in $PBS_NODEFILE, the first node first. Its name is resolved
 # to IPv4 here, on a compute node: names need not resolve the same way on the login node.
-# The port derives from the job id (nodescale.dist.env.port_for_job): the same on every
+# The port derives from the job id (nodescale.distributed.env.port_for_job): the same on every
 # node, and different for two jobs that share a node, unlike a fixed 29500.
 nodescale_ipv4() {
     local found

@@ -28,7 +28,7 @@ unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE RO
 # the job runs, so it is looked up here, never written in.
 # Its address is Slurm's NodeAddr for it (scontrol): node names need not resolve on the
 # compute nodes, or may resolve to another network; a name is then resolved to IPv4 here.
-# The port derives from the job id (nodescale.dist.env.port_for_job): the same on every
+# The port derives from the job id (nodescale.distributed.env.port_for_job): the same on every
 # node, and different for two jobs that share a node, unlike a fixed 29500.
 nodescale_ipv4() {
     local found

@@ -1,6 +1,6 @@
 """The numbers one launcher's variables give, and reading them so errors name the variable.
 
-A detector in :mod:`nodescale.dist.launchers` fills in a :class:`Layout` (rank, local rank,
+A detector in :mod:`nodescale.distributed.launchers` fills in a :class:`Layout` (rank, local rank,
 world size, node, and which variable each number came from) using :func:`int_var`,
 :func:`first_set` and :func:`first_value`. :meth:`Layout.check` then rejects numbers that
 contradict each other, naming the variables, since a hand-edited job script is the usual cause.

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from nodescale.dist.process_group import Runtime
-from nodescale.dist.rank_labels import ranks_label
+from nodescale.distributed.process_group import Runtime
+from nodescale.distributed.rank_labels import ranks_label
 from nodescale.stop_signals import EXIT_HANG
 
 KEY = "nodescale-heartbeat/{rank}"
@@ -252,7 +252,7 @@ def _exit_hang(message: str) -> None:
 
 def start_watchdog(runtime: Runtime, timeout_s: float) -> Watchdog | None:
     """Every rank's heartbeat thread, when there are other ranks to watch and a timeout is set."""
-    if not runtime.distributed or runtime.world_size < 2 or timeout_s <= 0:
+    if not runtime.has_process_group or runtime.world_size < 2 or timeout_s <= 0:
         return None
     watchdog = Watchdog(open_store(timeout_s), runtime.rank, runtime.world_size, timeout_s)
     watchdog.start()

@@ -23,8 +23,8 @@ wins:
 
 Each detector also says where its allocation's host list is (Slurm node list,
 ``PBS_NODEFILE``), for finding rank 0's node, and :func:`scheduler_job_id` gives the job id.
-Turning the layout into a :class:`~nodescale.dist.env.DistEnv` with a rendezvous address and
-port is :mod:`nodescale.dist.env`'s job.
+Turning the layout into a :class:`~nodescale.distributed.env.DistEnv` with a rendezvous address and
+port is :mod:`nodescale.distributed.env`'s job.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import math
 import re
 from collections.abc import Callable, Mapping
 
-from nodescale.dist.hostlist import expand_hostlist, read_nodefile
-from nodescale.dist.layout import Layout, first_set, first_value, int_var, missing
+from nodescale.distributed.hostlist import expand_hostlist, read_nodefile
+from nodescale.distributed.layout import Layout, first_set, first_value, int_var, missing
 from nodescale.errors import UserError
 
 # Slurm's reserved step ids (batch script, extern, interactive, pending...) are all >= this.

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nodescale.dist.env import DistEnv
-from nodescale.dist.ports import listening_socket
+from nodescale.distributed.env import DistEnv
+from nodescale.distributed.ports import listening_socket
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ class Runtime:
         return self.env.local_rank == 0
 
     @property
-    def distributed(self) -> bool:
+    def has_process_group(self) -> bool:
+        """Whether this process joined a process group (several ranks, or a group the caller started)."""
         return self.backend is not None
 
 
@@ -199,7 +200,7 @@ def listening_store(host: str, port: int, world_size: int | None, timeout: timed
 
 def barrier(runtime: Runtime) -> None:
     """Wait for every rank (a no-op without a process group)."""
-    if runtime.distributed:
+    if runtime.has_process_group:
         if runtime.backend == "nccl":
             dist.barrier(device_ids=[runtime.device.index])
         else:
@@ -208,7 +209,7 @@ def barrier(runtime: Runtime) -> None:
 
 def gather_from_all(runtime: Runtime, value: Any) -> list[Any]:
     """Every rank's ``value`` in rank order (one all-gather of picklable objects); ``[value]`` without a group."""
-    if not runtime.distributed:
+    if not runtime.has_process_group:
         return [value]
     gathered: list[Any] = [None] * runtime.world_size
     dist.all_gather_object(gathered, value)
@@ -223,7 +224,7 @@ def shutdown(runtime: Runtime) -> None:
     while the group still exists, which is what prevents the exit crash.
     A group the caller's script started is left up for the script to destroy.
     """
-    if not runtime.distributed or not dist.is_initialized():
+    if not runtime.has_process_group or not dist.is_initialized():
         return
     gc.collect()
     barrier(runtime)
@@ -234,6 +235,6 @@ def shutdown(runtime: Runtime) -> None:
 
 def abandon(runtime: Runtime) -> None:
     """Leave after a failure: destroy the group (if ours) without a barrier another rank may never reach."""
-    if runtime.distributed and runtime.owns_group and dist.is_initialized():
+    if runtime.has_process_group and runtime.owns_group and dist.is_initialized():
         dist.destroy_process_group()
     runtime.backend = None

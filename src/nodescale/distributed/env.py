@@ -2,7 +2,7 @@
 
 :func:`detect` answers rank, local rank, world size, node and the rendezvous address as a
 :class:`DistEnv`. Which launcher started the process, and what its variables say, is read by
-:mod:`nodescale.dist.launchers` (torchrun, Slurm ``srun``, Cray PALS, Open MPI, MPICH, or a
+:mod:`nodescale.distributed.launchers` (torchrun, Slurm ``srun``, Cray PALS, Open MPI, MPICH, or a
 single process); this module adds the rendezvous address and port.
 
 The rendezvous address is ``MASTER_ADDR`` when set; else 127.0.0.1 when every rank is on this
@@ -21,8 +21,8 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from nodescale.dist.launchers import read_layout, scheduler_job_id
-from nodescale.dist.layout import Layout
+from nodescale.distributed.launchers import read_layout, scheduler_job_id
+from nodescale.distributed.layout import Layout
 from nodescale.errors import UserError
 
 Resolver = Callable[[str], str]
@@ -51,11 +51,6 @@ class DistEnv:
     master_addr: str
     master_port: int
     source: str  # "torchrun", "slurm", "pals", "openmpi", "mpich" or "single"
-
-    @property
-    def is_distributed(self) -> bool:
-        """Whether there is more than one rank."""
-        return self.world_size > 1
 
 
 def resolve_ipv4_first(host: str) -> str:

@@ -32,8 +32,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from types import FrameType
 
-from nodescale.dist.env import LOOPBACK
-from nodescale.dist.ports import free_port, listening_socket
+from nodescale.distributed.env import LOOPBACK
+from nodescale.distributed.ports import free_port, listening_socket
 from nodescale.errors import program_not_found
 
 # How long a worker told to stop may take (to write its checkpoint) before it is killed: torch's agent's figure.
@@ -138,7 +138,7 @@ def _start_store_server(nproc: int) -> tuple[subprocess.Popen[bytes], int]:
     """A store server process on a socket bound here to 127.0.0.1 (held, so no other program takes the port)."""
     with listening_socket(LOOPBACK, 0) as listener:
         fd = listener.fileno()
-        server = subprocess.Popen([sys.executable, "-m", "nodescale.dist.store_server", str(fd), str(nproc)],
+        server = subprocess.Popen([sys.executable, "-m", "nodescale.distributed.store_server", str(fd), str(nproc)],
                                   pass_fds=(fd,), start_new_session=True, preexec_fn=_die_with_parent)
         return server, int(listener.getsockname()[1])
 

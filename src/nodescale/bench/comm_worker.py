@@ -13,7 +13,7 @@ from nodescale.atomic_files import write_json_atomic
 from nodescale.bench import comm_report
 from nodescale.bench.comm import bench_device, run_sweep
 from nodescale.bench.comm_math import Settings
-from nodescale.dist.process_group import Runtime
+from nodescale.distributed.process_group import Runtime
 
 
 def describe(runtime: Runtime, settings: Settings) -> str:
