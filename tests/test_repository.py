@@ -58,3 +58,14 @@ def test_no_new_package_imports_back_a_package_that_imports_it() -> None:
                     imports[package].add(dotted[1])
     pairs = {tuple(sorted((a, b))) for a in imports for b in imports[a] if a in imports.get(b, set())}
     assert pairs <= STILL_CYCLIC, f"new import cycles: {sorted(pairs - STILL_CYCLIC)}"
+
+
+def test_no_block_of_six_similar_lines_is_repeated_in_src() -> None:
+    """pylint's duplicate-code check (imports, docstrings, comments and signatures are boilerplate)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pylint", "--disable=all", "--enable=duplicate-code", "--min-similarity-lines=6",
+         "--score=n", str(REPO / "src" / "nodescale")], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, f"repeated blocks in src/ (make one piece of code serve both):\n{result.stdout}"
