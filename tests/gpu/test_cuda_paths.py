@@ -190,3 +190,24 @@ def test_host_batches_reach_the_gpu_intact(monkeypatch: pytest.MonkeyPatch) -> N
         expected_x, expected_y = dataset.get_batch(step.indices, cpu)
         torch.testing.assert_close(x.cpu(), expected_x)
         assert torch.equal(y.cpu(), expected_y)
+
+
+def test_host_batches_are_pinned_before_the_copy() -> None:
+    """The profiler names each host-to-device copy by its source memory: pinned, or pageable (which blocks)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nodescale.data.arrays import ArrayDataset
+
+    dataset = ArrayDataset(torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8), torch.arange(64) % 10,
+                           scale=255.0)
+    indices = torch.tensor([3, 1, 2, 40])
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        x, y = dataset.get_batch(indices, torch.device("cuda"))
+        torch.cuda.synchronize()
+    copies = [event.name for event in prof.events() if event.name.startswith("Memcpy HtoD")]
+    assert sum("Pinned" in name for name in copies) >= 2, copies  # the inputs and the labels
+    assert x.is_cuda and y.is_cuda
+    expected_x, expected_y = dataset.get_batch(indices, torch.device("cpu"))
+    torch.testing.assert_close(x.cpu(), expected_x)
+    assert torch.equal(y.cpu(), expected_y)
+
