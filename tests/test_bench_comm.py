@@ -266,7 +266,7 @@ def test_all_reduce_time_is_within_a_factor_of_a_raw_loop(runs: dict[int, Any], 
 def test_the_plot_shows_busbw_in_gbps_over_bytes(runs: dict[int, Any]) -> None:
     from PIL import Image
 
-    from nodescale.bench.comm_plot import busbw_figure
+    from nodescale.figures import busbw_figure
 
     _, out, _ = runs[2]
     with Image.open(out / "busbw.png") as image:

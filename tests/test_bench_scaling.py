@@ -12,10 +12,10 @@ from conftest import read_summary, run_cli
 from nodescale.bench import peaks, scaling_math
 from nodescale.bench.scaling import ScalingPlan, check_train_args
 from nodescale.bench.scaling_math import Measurement, scaling_rows
-from nodescale.bench.scaling_plot import EFFICIENCY_LABEL, PROCESSES_LABEL, THROUGHPUT_LABEL, plot_scaling
 from nodescale.bench.scaling_results import collect, display_rows
 from nodescale.cli.run_flags import FLAG_NAMES
 from nodescale.errors import UserError
+from nodescale.figures import EFFICIENCY_LABEL, PROCESSES_LABEL, THROUGHPUT_LABEL, scaling_figure
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -163,7 +163,7 @@ def test_plot_axes_are_labelled_with_units() -> None:
     rows = [{"world_size": 1, "samples_per_second": 1000.0, "efficiency": 1.0},
             {"world_size": 2, "samples_per_second": 1600.0, "efficiency": 0.8},
             {"world_size": 4, "samples_per_second": None, "efficiency": None}]
-    fig = plot_scaling(_result(rows))
+    fig = scaling_figure(_result(rows))
     throughput, efficiency = fig.axes
     assert throughput.get_xlabel() == efficiency.get_xlabel() == PROCESSES_LABEL == "processes (world size)"
     assert throughput.get_ylabel() == THROUGHPUT_LABEL == "throughput (samples/s)"
@@ -229,7 +229,7 @@ def test_real_scaling_run(tmp_path: Path) -> None:
     assert (out / "scaling.png").read_bytes()[:8] == PNG_SIGNATURE
     with open(out / "scaling.csv", newline="") as handle:
         assert [int(r["world_size"]) for r in csv.DictReader(handle)] == [1, 2]
-    fig = plot_scaling(data)
+    fig = scaling_figure(data)
     assert [ax.get_ylabel() for ax in fig.axes] == ["throughput (samples/s)", "efficiency (%)"]
 
     # The same directory again: refused; --collect analyses the runs already there (no training).

@@ -11,8 +11,8 @@ import pytest
 from conftest import read_summary, run_cli
 from nodescale.bench.scaling_results import collect, write_outputs
 from nodescale.errors import UserError
+from nodescale.figures import busbw_figure, curves_figure, throughput_figure
 from nodescale.report.build import build_report
-from nodescale.report.plots import busbw_figure, curves_figure, throughput_figure
 from nodescale.report.sources import CommSource, RunSource, load_source
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -129,9 +129,9 @@ def test_bench_comm_directory(tmp_path: Path) -> None:
     source = load_source(comm)
     assert isinstance(source, CommSource)
     source.label = "comm"
-    fig = busbw_figure(source, "busbw")
+    fig = busbw_figure(source.rows, "busbw")
     assert fig is not None
-    assert (fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()) == ("message size (bytes)", "bus bandwidth (GB/s)")
+    assert (fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()) == ("message size (bytes)", "bus bandwidth (GB/s, 1e9 B/s)")
     assert len(fig.axes[0].get_lines()) == 4  # 2 ops x in place / out of place
     assert (tmp_path / "out" / "report-comm-busbw.png").read_bytes()[:8] == PNG_SIGNATURE
 

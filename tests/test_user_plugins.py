@@ -26,13 +26,13 @@ from torch import nn
 from conftest import cli_env, final_weights, max_difference, read_summary, run_cli
 from nodescale.cli.main import main
 from nodescale.config.load import load_config, with_absolute_inputs
+from nodescale.data.user_dataset import Converted, derive_spec
 from nodescale.errors import UserError
 from nodescale.models.introspect import repeated_blocks
 from nodescale.models.registry import build_model
 from nodescale.models.spec import InputSpec
-from nodescale.plugins.build import load_weights
-from nodescale.plugins.data import Converted, derive_spec
 from nodescale.plugins.refs import check_ref, parse_ref
+from nodescale.train.build_model import load_weights
 from nodescale.train.loss import make_loss, model_output
 from nodescale.train.rundir import default_run_dir
 

@@ -193,15 +193,6 @@ def fill_modulus(dtype: str, world_size: int) -> tuple[int, bool]:
     return modulus, world_size * (modulus - 1) <= limit
 
 
-def format_size(size_bytes: int) -> str:
-    """``1024`` -> ``"1K"``, ``3 * 1024**2`` -> ``"3M"``; bytes that are no whole unit stay bytes."""
-    for unit in ("G", "M", "K"):
-        scale = _UNITS[unit]
-        if size_bytes >= scale and size_bytes % scale == 0:
-            return f"{size_bytes // scale}{unit}"
-    return str(size_bytes)
-
-
 @dataclass(frozen=True)
 class Settings:
     """What one ``bench comm`` run measures: checked by the CLI before any process starts, hence no torch."""

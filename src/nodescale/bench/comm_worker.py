@@ -47,9 +47,12 @@ def sweep(runtime: Runtime, settings: Settings, out: Path, plot: bool = True) ->
     if console:
         written = comm_report.write_results(out, rows)
         if plot:
-            from nodescale.bench.comm_plot import write_busbw_plot
+            from nodescale.figures import busbw_figure, save_png  # matplotlib: only when plotting
 
-            written.append(write_busbw_plot(out / "busbw.png", rows, f"busbw vs size: {setting}"))
+            figure = busbw_figure(rows, f"busbw vs size: {setting}")
+            if figure is not None:
+                save_png(figure, out / "busbw.png")
+                written.append(out / "busbw.png")
         verdict = "OK" if wrong == 0 else "[bold red]FAILED[/]"
         console.print(f"# wrong elements: {wrong} {verdict}", soft_wrap=True)
         console.print(f"# wrote {', '.join(str(path) for path in written)}", soft_wrap=True)

@@ -253,12 +253,12 @@ def rows_csv(result: dict[str, Any]) -> str:
 
 def write_outputs(out: Path, result: dict[str, Any]) -> list[Path]:
     """Write ``scaling.json``, ``scaling.csv`` and ``scaling.png`` into ``out``; return their paths."""
-    from nodescale.bench.scaling_plot import plot_scaling, save_png
+    from nodescale.figures import save_png, scaling_figure
 
     paths = [out / "scaling.json", out / "scaling.csv", out / "scaling.png"]
     write_json_atomic(paths[0], result)
     write_text_atomic(paths[1], rows_csv(result))
-    save_png(plot_scaling(result), paths[2])
+    save_png(scaling_figure(result), paths[2])
     return paths
 
 

@@ -11,97 +11,21 @@ and ``nodescale config show`` should answer instantly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from nodescale.config.combinations import check_combinations
-from nodescale.data.registry import DATASETS
+from nodescale.data.section import DataSection
 from nodescale.errors import UserError, unknown_choice
-from nodescale.models.registry import MODELS
-from nodescale.plugins.refs import check_ref, is_plugin
+from nodescale.models.section import ModelSection
+from nodescale.section import Section, known_or_plugin
 
 LOSSES = ("auto", "cross_entropy", "mse")
 STRATEGIES = ("single", "dp", "ddp", "fsdp", "deepspeed")
 # Strategies that run one process per device and so start --nproc local processes.
 MULTI_PROCESS_STRATEGIES = ("ddp", "fsdp", "deepspeed")
-
-
-def known_or_plugin(kind: str, value: str, choices: Iterable[str]) -> str:
-    """A built-in name, or a user's ``FILE.py:FN`` / ``package.module:FN`` (its file read, none of it run)."""
-    if is_plugin(value):
-        check_ref(kind, value)
-    elif value not in choices:
-        raise unknown_choice(kind, value, choices)
-    return value
-
-
-class Section(BaseModel):
-    """Base of every section: unknown keys are errors, assignments are validated."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ModelSection(Section):
-    name: str = Field(
-        "cnn", description="model to train: a built-in one (see `nodescale models`), or your function that "
-        "returns an nn.Module, FILE.py:FUNCTION or package.module:FUNCTION"
-    )
-    args: dict[str, Any] = Field(
-        default_factory=dict, description="keyword arguments of your model function, e.g. --set model.args.width=64"
-    )
-    weights: Path | None = Field(
-        None, description="a local state dict file (torch.save) loaded into the model once built, before the "
-        "strategy wraps it"
-    )
-    stem: Literal["auto", "imagenet", "cifar"] = Field(
-        "auto", description="ResNet stem: imagenet (7x7/2 + maxpool), cifar (3x3/1), auto by image size"
-    )
-    patch_size: int | None = Field(
-        None, ge=1, description="ViT patch size; default: the model's own, shrunk for small images"
-    )
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability (ViT)")
-
-    @field_validator("name")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        return known_or_plugin("model", value, MODELS)
-
-    @field_validator("weights")
-    @classmethod
-    def _weights_file(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise UserError(f"model.weights {str(value)!r}", "is not a file",
-                            "give the path of a state dict saved with torch.save(model.state_dict(), PATH)")
-        return value
-
-
-class DataSection(Section):
-    name: str = Field(
-        "digits", description="dataset: a built-in one (see `nodescale datasets`), or your function that returns "
-        "(train, val) datasets of (input, target), FILE.py:FUNCTION or package.module:FUNCTION"
-    )
-    args: dict[str, Any] = Field(
-        default_factory=dict, description="keyword arguments of your dataset function, e.g. --set data.args.root=/x"
-    )
-    dir: Path | None = Field(None, description="directory (or file, for hdf5) holding the dataset")
-    val_fraction: float = Field(
-        0.2, gt=0.0, lt=1.0, description="share held out for validation when the dataset has no test split"
-    )
-    num_workers: int = Field(0, ge=0, description="DataLoader worker processes for datasets read from files")
-    samples: int = Field(2048, ge=1, description="synthetic/regression: number of training samples")
-    image_size: int | None = Field(
-        None, ge=1, description="synthetic: side of the square images; imagefolder: centre-crop and resize to this side"
-    )
-    channels: int = Field(3, ge=1, description="synthetic: image channels")
-    num_classes: int = Field(10, ge=1, description="synthetic: number of classes")
-
-    @field_validator("name")
-    @classmethod
-    def _known_dataset(cls, value: str) -> str:
-        return known_or_plugin("dataset", value, DATASETS)
 
 
 class OptimSection(Section):

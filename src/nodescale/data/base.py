@@ -20,7 +20,7 @@ from nodescale.models.spec import InputSpec
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
-    from nodescale.config.schema import DataSection
+    from nodescale.data.section import DataSection
 
 
 @dataclass

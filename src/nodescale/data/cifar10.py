@@ -22,7 +22,7 @@ from nodescale.models.spec import InputSpec
 if TYPE_CHECKING:
     import torch
 
-    from nodescale.config.schema import DataSection
+    from nodescale.data.section import DataSection
 
 SCALE = 255.0
 # Per-channel mean and std of the 50,000 training images (pixels divided by 255).

@@ -19,7 +19,7 @@ from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
 if TYPE_CHECKING:
-    from nodescale.config.schema import DataSection
+    from nodescale.data.section import DataSection
 
 SCALE = 16.0  # pixels are counts 0..16 of set cells in 4x4 blocks
 # Mean and std of all 1,797 x 64 pixels divided by 16, computed once from the

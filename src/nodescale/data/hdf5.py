@@ -34,7 +34,7 @@ from nodescale.models.spec import InputSpec
 if TYPE_CHECKING:
     import torch
 
-    from nodescale.config.schema import DataSection
+    from nodescale.data.section import DataSection
 
 SUFFIXES = (".h5", ".hdf5")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -31,7 +31,7 @@ from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
 if TYPE_CHECKING:
-    from nodescale.config.schema import DataSection
+    from nodescale.data.section import DataSection
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from nodescale.models.spec import InputSpec
 if TYPE_CHECKING:
     import torch
 
-    from nodescale.config.schema import DataSection
+    from nodescale.data.section import DataSection
 
 MEAN = (0.1307,)
 STD = (0.3081,)

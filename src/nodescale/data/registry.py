@@ -4,7 +4,7 @@ Each entry names the module holding the format's ``FORMAT`` object (see
 ``nodescale.data.base.DatasetFormat``) and what it needs, so configurations are
 validated before torch loads. Adding a format is one file plus one line here.
 A name ``FILE.py:FUNCTION`` (or ``package.module:FUNCTION``) is the user's own
-dataset function instead (``nodescale.plugins.data``).
+dataset function instead (``nodescale.data.user_dataset``).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ DATASETS: dict[str, DatasetEntry] = {
 def get_format(name: str) -> DatasetFormat:
     """The format object registered under ``name``, or the user's dataset function (``FILE.py:FN``)."""
     if ":" in name:
-        from nodescale.plugins.data import PluginFormat
+        from nodescale.data.user_dataset import PluginFormat
 
         return PluginFormat(name)
     if name not in DATASETS:

@@ -13,7 +13,7 @@ from nodescale.data.base import DatasetSplits
 from nodescale.models.spec import InputSpec
 
 if TYPE_CHECKING:
-    from nodescale.config.schema import DataSection
+    from nodescale.data.section import DataSection
 
 FEATURES = 20
 NOISE = 0.1

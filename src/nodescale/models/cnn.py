@@ -11,7 +11,7 @@ from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
 if TYPE_CHECKING:
-    from nodescale.config.schema import ModelSection
+    from nodescale.models.section import ModelSection
 
 
 class ConvBlock(nn.Module):

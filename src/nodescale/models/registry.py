@@ -16,7 +16,7 @@ from nodescale.errors import unknown_choice
 if TYPE_CHECKING:
     from torch import nn
 
-    from nodescale.config.schema import ModelSection
+    from nodescale.models.section import ModelSection
     from nodescale.models.spec import InputSpec
 
 
@@ -86,7 +86,7 @@ def build_model(cfg: ModelSection, spec: InputSpec) -> nn.Module:
     function, called with ``cfg.args``; it does not need ``spec``.
     """
     if ":" in cfg.name:
-        from nodescale.plugins.build import build_user_model
+        from nodescale.models.user_model import build_user_model
 
         return build_user_model(cfg)
     if cfg.name not in MODELS:

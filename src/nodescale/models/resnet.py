@@ -18,7 +18,7 @@ from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
 if TYPE_CHECKING:
-    from nodescale.config.schema import ModelSection
+    from nodescale.models.section import ModelSection
 
 Stem = Literal["imagenet", "cifar"]
 

@@ -10,7 +10,7 @@ from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
 if TYPE_CHECKING:
-    from nodescale.config.schema import ModelSection
+    from nodescale.models.section import ModelSection
 
 
 class LinearRegression(nn.Linear):

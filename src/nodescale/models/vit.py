@@ -27,7 +27,7 @@ from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
 if TYPE_CHECKING:
-    from nodescale.config.schema import ModelSection
+    from nodescale.models.section import ModelSection
 
 LN_EPS = 1e-6  # torchvision's (and the original ViT's) LayerNorm epsilon
 

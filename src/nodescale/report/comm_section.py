@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from nodescale.figures import busbw_figure
 from nodescale.report import markdown as md
-from nodescale.report.plots import busbw_figure
 from nodescale.report.run_section import write_figure
 from nodescale.report.sources import CommSource
 
@@ -84,7 +84,7 @@ def _sweep_parts(comm: CommSource, report_dir: Path, stem: str) -> list[str]:
     wrong = [row for row in comm.rows if row.get("correct") is False]
     if wrong:
         parts.append(f"**{len(wrong)} measurement(s) failed the correctness check**: their bandwidths mean nothing.")
-    parts.append(write_figure(busbw_figure(comm, f"{comm.label}: bus bandwidth"), report_dir, f"{stem}-busbw.png",
+    parts.append(write_figure(busbw_figure(comm.rows, f"{comm.label}: bus bandwidth"), report_dir, f"{stem}-busbw.png",
                               f"bus bandwidth of {comm.label}"))
     own = comm.path / "busbw.png"
     if own.is_file():

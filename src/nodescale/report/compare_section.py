@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from nodescale.figures import curves_figure, throughput_figure
 from nodescale.report import markdown as md
-from nodescale.report.plots import curves_figure, throughput_figure
 from nodescale.report.run_section import SUMMARY_ROWS, summary_values, write_figure
 from nodescale.report.sources import RunSource
 

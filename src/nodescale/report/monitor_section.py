@@ -19,7 +19,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from nodescale.bench.scaling_plot import save_png
+from nodescale.figures import save_png
 from nodescale.report import markdown as md
 
 TIME_LABEL = "time since the monitor started (s)"

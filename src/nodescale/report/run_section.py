@@ -8,10 +8,9 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from nodescale.bench.scaling_plot import save_png
+from nodescale.figures import curves_figure, save_png, throughput_figure
 from nodescale.report import markdown as md
 from nodescale.report.monitor_section import monitor_section
-from nodescale.report.plots import curves_figure, throughput_figure
 from nodescale.report.sources import RunSource
 
 

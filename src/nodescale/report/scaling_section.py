@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodescale.bench.scaling_plot import plot_scaling
 from nodescale.bench.scaling_results import TABLE_HEADERS, display_rows
+from nodescale.figures import scaling_figure
 from nodescale.report import markdown as md
 from nodescale.report.run_section import write_figure
 from nodescale.report.sources import ScalingSource
@@ -33,6 +33,6 @@ def scaling_section(scaling: ScalingSource, report_dir: Path, stem: str) -> str:
         parts.append(f"MFU against {peak['tflops']} TFLOP/s ({peak['dtype']}) per device: {peak['source']}.")
     if result.get("notes"):
         parts.append("\n".join(f"- note: {note}" for note in result["notes"]))
-    parts.append(write_figure(plot_scaling(result) if result["rows"] else None, report_dir, f"{stem}-scaling.png",
+    parts.append(write_figure(scaling_figure(result) if result["rows"] else None, report_dir, f"{stem}-scaling.png",
                               f"scaling of {scaling.label}"))
     return "\n\n".join(parts)

@@ -23,8 +23,8 @@ from nodescale.distributed.local_launch import current_restart
 from nodescale.distributed.process_group import Runtime, barrier, start
 from nodescale.engine.settings import check_process_count
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
-from nodescale.plugins.build import build_for_run
 from nodescale.strategies import make_strategy
+from nodescale.train.build_model import build_for_run
 from nodescale.train.math_settings import configure_math
 from nodescale.train.collective_faults import CollectiveFault, LeftAfterCollectiveFault, end_process_now, explain
 from nodescale.train.console import Console

@@ -12,22 +12,22 @@ import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nodescale.data.base import DatasetSplits
 from nodescale.errors import UserError
+from nodescale.models.spec import InputSpec
 from nodescale.plugins.refs import PluginRef, check_ref
 
 if TYPE_CHECKING:
     import torch
 
-    from nodescale.config.schema import DataSection
-    from nodescale.data.base import DatasetSplits
-    from nodescale.models.spec import InputSpec
+    from nodescale.data.section import DataSection
 
 PAIR_HINT = "return (input, target) from __getitem__, e.g. (image tensor of shape (C, H, W), class index)"
 
 
 @dataclass(frozen=True)
 class PluginFormat:
-    """The ``DatasetFormat`` (see ``nodescale.data.base``) of a user's dataset function."""
+    """The ``DatasetFormat`` (see ``base``) of a user's dataset function."""
 
     name: str  # the reference, FILE.py:FN
     needs_dir: bool = False
@@ -39,7 +39,6 @@ class PluginFormat:
         """Nothing to prepare: the user's function does its own work on every rank."""
 
     def load(self, cfg: DataSection, seed: int) -> DatasetSplits:
-        from nodescale.data.base import DatasetSplits
         from nodescale.plugins.calls import call, load_function
 
         ref, function = load_function("dataset", cfg.name)
@@ -112,8 +111,6 @@ def derive_spec(x: torch.Tensor, y: torch.Tensor, train: Any) -> InputSpec:
     else 0 for "unknown" (filled in from the model's output width, or by a scan of the
     labels when a built-in model needs it).
     """
-    from nodescale.models.spec import InputSpec
-
     if y.is_floating_point():
         return InputSpec(tuple(x.shape), y.numel(), "regression")
     return InputSpec(tuple(x.shape), declared_classes(train), "classification")

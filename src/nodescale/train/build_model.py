@@ -1,4 +1,4 @@
-"""Build a run's model and check it against the data: the user's model, weights, one probe forward.
+"""Build a run's model and check it against the data: the model, its weights, one probe forward.
 
 Every rank runs the same checks on the same samples and so raises the same
 ``UserError`` (the launcher prints it once, exit code 2): a model function that
@@ -16,25 +16,15 @@ import torch
 from torch import nn
 
 from nodescale.errors import UserError
+from nodescale.models.registry import build_model
 from nodescale.models.spec import InputSpec
-from nodescale.plugins.calls import call, describe_exception, load_function, source_file
+from nodescale.plugins.calls import describe_exception, source_file
 from nodescale.plugins.refs import is_plugin, parse_ref
 from nodescale.train.loss import LossFn, make_loss, model_output
 
 if TYPE_CHECKING:
-    from nodescale.config.schema import ModelSection, RunConfig
+    from nodescale.config.schema import RunConfig
     from nodescale.data.base import DatasetSplits
-
-
-def build_user_model(cfg: ModelSection) -> nn.Module:
-    """The ``nn.Module`` the user's function ``cfg.name`` returns, called with ``cfg.args``."""
-    ref, function = load_function("model", cfg.name)
-    model = call(ref, function, "building the model", **cfg.args)
-    if not isinstance(model, nn.Module):
-        kind = f"the class {model.__name__}" if isinstance(model, type) else f"a {type(model).__name__}"
-        raise UserError(ref.what, f"returned {kind}: must return a torch.nn.Module",
-                        f"return the model itself from {ref.function}(), e.g. `return MyNet(width)`")
-    return model
 
 
 def build_for_run(cfg: RunConfig, splits: DatasetSplits) -> tuple[nn.Module, InputSpec]:
@@ -43,8 +33,6 @@ def build_for_run(cfg: RunConfig, splits: DatasetSplits) -> tuple[nn.Module, Inp
     Built-in models on built-in data are built as always; with any of the user's
     model, data or loss, two training samples go through the model first.
     """
-    from nodescale.models.registry import build_model
-
     spec = splits.spec
     user_model = is_plugin(cfg.model.name)
     if not user_model and spec.task == "classification" and spec.num_classes == 0:

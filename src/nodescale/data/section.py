@@ -1,0 +1,37 @@
+"""The ``data:`` section of a run's configuration (validated without importing torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from nodescale.data.registry import DATASETS
+from nodescale.section import Section, known_or_plugin
+
+
+class DataSection(Section):
+    name: str = Field(
+        "digits", description="dataset: a built-in one (see `nodescale datasets`), or your function that returns "
+        "(train, val) datasets of (input, target), FILE.py:FUNCTION or package.module:FUNCTION"
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of your dataset function, e.g. --set data.args.root=/x"
+    )
+    dir: Path | None = Field(None, description="directory (or file, for hdf5) holding the dataset")
+    val_fraction: float = Field(
+        0.2, gt=0.0, lt=1.0, description="share held out for validation when the dataset has no test split"
+    )
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes for datasets read from files")
+    samples: int = Field(2048, ge=1, description="synthetic/regression: number of training samples")
+    image_size: int | None = Field(
+        None, ge=1, description="synthetic: side of the square images; imagefolder: centre-crop and resize to this side"
+    )
+    channels: int = Field(3, ge=1, description="synthetic: image channels")
+    num_classes: int = Field(10, ge=1, description="synthetic: number of classes")
+
+    @field_validator("name")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        return known_or_plugin("dataset", value, DATASETS)
