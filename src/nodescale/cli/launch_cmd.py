@@ -257,7 +257,7 @@ def _run_local(spec: Any, dry_run: bool) -> int:
             return subprocess.call(spec.command)
         except FileNotFoundError:
             raise program_not_found(spec.command[0]) from None
-    from nodescale.distributed.local_launch import launch_local
+    from nodescale.launch.schedulers.local_launcher import launch_local
 
     # Any script's rank 0 would serve the store on every interface: a store process serves it on loopback.
     return launch_local(spec.command, spec.nproc_per_node, store_process=True)

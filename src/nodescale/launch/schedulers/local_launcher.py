@@ -1,7 +1,7 @@
 """Start N local worker processes the way ``torchrun --standalone`` does, and restart them.
 
-The workers are started by :mod:`nodescale.distributed.worker_group` with exactly torchrun's
-environment, so the same entry point runs unchanged under torchrun; this launcher does
+The workers are started by :mod:`nodescale.launch.schedulers.local_worker_group` with exactly
+torchrun's environment, so the same entry point runs unchanged under torchrun; this launcher does
 not import torch, which lets the workers start about one ``import torch`` sooner.
 
 Restarts (``max_restarts``) are a loop around the group: torch's agent restarts a group
@@ -84,10 +84,10 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
     stopped and all are started again, up to ``max_restarts`` times. Exit code
     2 when every failed worker exited 2 (they printed the user error
     themselves), 1 for any other failure, 0 on success, 128 + N when signal N
-    stopped the launcher. ``store_process``: see :func:`~nodescale.distributed.worker_group.run_worker_group`
-    (for commands that are not nodescale's).
+    stopped the launcher. ``store_process``: see
+    :func:`~nodescale.launch.schedulers.local_worker_group.run_worker_group` (for commands that are not nodescale's).
     """
-    from nodescale.distributed.worker_group import run_worker_group
+    from nodescale.launch.schedulers.local_worker_group import run_worker_group
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
     restart: dict[str, str] = {}
