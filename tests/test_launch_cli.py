@@ -52,6 +52,7 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path) -> None:
     (["--env", "1BAD=x", "--", "true"], "KEY=VALUE"),
     ([], "needs the program to run"),
     (["--", "no-such-program-here"], "not a program on PATH"),
+    (["--gpus-per-node", "0", "--nproc-per-node", "2", "--", "no-such-program-here"], "not a program on PATH"),
 ])
 def test_bad_launches_exit_2_before_anything_runs(argv: list[str], expected: str, tmp_path: Path) -> None:
     result = run_cli(["launch", "--job-dir", "jobs", *argv], cwd=tmp_path, check=False)
