@@ -53,15 +53,7 @@ class BatchScheduler(Scheduler):
         return DryRun(spec, (*self.submit_command, str(spec.job_dir / f"{stem}.sh")), script=script)
 
     def submit(self, dryrun: DryRun) -> int:
-        """Write the script, submit it, log the job and print its id, script and log."""
-        job = self.queue(dryrun)
-        print(f"submitted {job.scheduler} job {job.job_id}")
-        print(f"  script: {job.script}")
-        print(f"  log:    {job.log}")
-        return 0
-
-    def queue(self, dryrun: DryRun) -> JobRecord:
-        """Write the script to a file of its own, submit it, and log the job (``nodescale jobs``)."""
+        """Write the script to a file of its own, submit it, log the job (``nodescale jobs``) and print it."""
         spec, path = dryrun.spec, Path(dryrun.argv[-1])
         assert dryrun.script is not None, "a batch dry run holds its script"
         spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
@@ -76,10 +68,12 @@ class BatchScheduler(Scheduler):
         job_id = out.splitlines()[-1].split(";")[0].strip() if out else ""
         if not re.match(r"^\d+", job_id):
             raise UserError(f"{argv[0]} output {out!r}", "holds no job id", "check the scheduler's logs")
-        job = JobRecord(job_id, self.name, spec.job_name, str(script_path), self.log_path(spec, job_id),
-                        str(spec.workdir), time.time())
-        record(job)
-        return job
+        log = self.log_path(spec, job_id)
+        record(JobRecord(job_id, self.name, spec.job_name, str(script_path), log, str(spec.workdir), time.time()))
+        print(f"submitted {self.name} job {job_id}")
+        print(f"  script: {script_path}")
+        print(f"  log:    {log}")
+        return 0
 
     def cancel(self, job_id: str) -> None:
         """Ask the scheduler to end the job; UserError if it refuses."""
