@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import read_summary, run_cli
-from nodescale.cli.launch_cmd import _new_script_file
+from conftest import cli_env, read_summary, run_cli
+from nodescale.launch.schedulers.batch import new_script_file
 
 
 def test_two_launches_in_one_second_get_their_own_script(tmp_path: Path) -> None:
-    first = _new_script_file(tmp_path, "job-20260101-000000", "echo first\n")
-    second = _new_script_file(tmp_path, "job-20260101-000000", "echo second\n")
+    first = new_script_file(tmp_path, "job-20260101-000000", "echo first\n")
+    second = new_script_file(tmp_path, "job-20260101-000000", "echo second\n")
     assert first != second
     assert first.read_text() == "echo first\n" and second.read_text() == "echo second\n"
 
@@ -49,6 +52,7 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path) -> None:
     (["--env", "1BAD=x", "--", "true"], "KEY=VALUE"),
     ([], "needs the program to run"),
     (["--", "no-such-program-here"], "not a program on PATH"),
+    (["--gpus-per-node", "0", "--nproc-per-node", "2", "--", "no-such-program-here"], "not a program on PATH"),
 ])
 def test_bad_launches_exit_2_before_anything_runs(argv: list[str], expected: str, tmp_path: Path) -> None:
     result = run_cli(["launch", "--job-dir", "jobs", *argv], cwd=tmp_path, check=False)
@@ -72,6 +76,34 @@ def test_local_launch_runs_any_command_on_n_processes(tmp_path: Path) -> None:
     assert read_summary(tmp_path / "run")["world_size"] == 2
 
 
+# Each process says its own command line, its parent's (the launcher's), its rank and a variable from --env.
+WHO_RUNS_ME = """import json, os
+def argv(pid): return open(f"/proc/{pid}/cmdline").read().split(chr(0))[:-1]
+print(json.dumps({"own": argv("self"), "parent": argv(os.getppid()), "rank": os.environ.get("RANK", "0"),
+                  "note": os.environ["NODESCALE_NOTE"]}))
+"""
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_local_dry_run_prints_the_command_that_runs(nproc: int, tmp_path: Path) -> None:
+    """The printed line is the process that runs (the command, or the launcher of its ranks), with the
+    printed variables; run in a shell, it does the same."""
+    (tmp_path / "who.py").write_text(WHO_RUNS_ME)
+    flags = ["--gpus-per-node", "0", "--nproc-per-node", str(nproc), "--env", "NODESCALE_NOTE=a 'b' c"]
+    printed = run_cli(["launch", "--dry-run", *flags, "--", sys.executable, "who.py"], cwd=tmp_path).stdout
+    assignment, *command = shlex.split(printed)
+    assert assignment == "NODESCALE_NOTE=a 'b' c"
+    real = run_cli(["launch", *flags, "--", sys.executable, "who.py"], cwd=tmp_path)
+    shell = subprocess.run(["bash", "-c", printed], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                           timeout=240, check=True)
+    for result in (real, shell):
+        seen = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+        assert sorted(s["rank"] for s in seen) == [str(rank) for rank in range(nproc)], result.stderr
+        assert all(s["own" if nproc == 1 else "parent"] == command for s in seen), (command, seen)
+        assert {s["note"] for s in seen} == {"a 'b' c"}
+
+
 def test_fewer_gpus_than_a_node_has_ask_for_their_share_of_cores(tmp_path: Path) -> None:
     result = run_cli(["launch", "--cluster", "puhti", "--account", "p", "--gpus-per-node", "1", "--dry-run", "--",
                       "true"], cwd=tmp_path)
@@ -79,7 +111,7 @@ def test_fewer_gpus_than_a_node_has_ask_for_their_share_of_cores(tmp_path: Path)
 
 
 def test_pbs_job_states_match_the_ids_nodescale_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nodescale.launch.submit import job_states
+    from nodescale.launch.schedulers.pbs import Pbs
 
     qstat = tmp_path / "qstat"
     # qstat -x as PBS Pro prints it, the id shortened to fit its column.
@@ -89,7 +121,7 @@ def test_pbs_job_states_match_the_ids_nodescale_stored(tmp_path: Path, monkeypat
                      "3456790.desched*  other            alice             00:00:00 F main\nEOF\n")
     qstat.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
-    states = job_states("pbs", ["3456789.desched1", "3456790.desched1"])
+    states = Pbs().status(["3456789.desched1", "3456790.desched1"])
     assert states == {"3456789.desched1": "RUNNING", "3456790.desched1": "FINISHED"}
 
 

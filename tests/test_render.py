@@ -224,11 +224,13 @@ def test_mpiexec_flags_by_flavour(flavour: str) -> None:
 # --- refusals -------------------------------------------------------------------------------------
 
 
-def test_spawn_on_several_nodes_is_refused() -> None:
+def test_spawn_on_several_nodes_is_refused_by_the_dry_run() -> None:
+    from nodescale.launch.schedulers.table import BATCH
+
     for preset in (PRESETS["slurm-gres"], PRESETS["pbs-pals"]):
         spec = golden_spec(preset, "spawn").model_copy(update={"nodes": 2})
-        with pytest.raises(ValueError, match="one node"):
-            render(spec, preset)
+        with pytest.raises(UserError, match="one node"):
+            BATCH[preset.scheduler].dryrun(spec, preset)
 
 
 def test_wrong_scheduler_and_relative_paths_are_refused() -> None:

@@ -20,7 +20,7 @@ import pytest
 from conftest import cli_env, read_summary
 from nodescale.distributed import ports
 from nodescale.distributed.accelerators import gpu_driver_present
-from nodescale.distributed.worker_group import run_worker_group
+from nodescale.launch.schedulers.local_worker_group import run_worker_group
 
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE",
                       "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -139,7 +139,7 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path
 
 def _launcher(tmp_path: Path, worker_body: str, nproc: int = 2) -> subprocess.Popen[str]:
     worker = _script(tmp_path, "worker.py", worker_body)
-    code = ("import sys; from nodescale.distributed.local_launch import launch_local; "
+    code = ("import sys; from nodescale.launch.schedulers.local_launcher import launch_local; "
             f"sys.exit(launch_local({worker!r}, {nproc}))")
     return subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -225,7 +225,7 @@ def test_gpu_driver_detection_reads_the_driver_paths(tmp_path: Path) -> None:
 
 
 def test_the_failure_named_is_the_first_one_not_its_consequences() -> None:
-    from nodescale.distributed.local_launch import describe_failure
+    from nodescale.launch.schedulers.local_launcher import describe_failure
 
     # Rank 1 killed by the OOM killer; rank 0 lost its peer and exited 1 a moment later.
     assert describe_failure({0: 1, 1: -9}) == "rank 1 exited with -9 (SIGKILL)"
@@ -241,7 +241,7 @@ def test_the_failure_named_is_the_first_one_not_its_consequences() -> None:
 
 def test_every_worker_that_ended_is_reported_with_the_failure() -> None:
     """Workers found ended at the same poll: all their codes come back, so the first failure can be told."""
-    from nodescale.distributed.worker_group import _wait_for_all_or_a_failure
+    from nodescale.launch.schedulers.local_worker_group import _wait_for_all_or_a_failure
 
     workers = {
         0: subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"]),

@@ -36,10 +36,10 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from nodescale.distributed.env import LOOPBACK
-from nodescale.distributed.local_launch import describe_failure
 from nodescale.distributed.ports import free_port
-from nodescale.distributed.worker_group import _die_with_parent, worker_environment
 from nodescale.errors import UserError
+from nodescale.launch.schedulers.local_launcher import describe_failure
+from nodescale.launch.schedulers.local_worker_group import _die_with_parent, worker_environment
 
 # How long ranks told to stop (after another failed) get before SIGKILL: they only need to exit,
 # not to checkpoint, and the user is waiting in front of the cell.

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     args.out = args.out or default_out_dir()  # decided once, here, so every rank writes to the same place
     if nproc == 1:
         return run_rank(args, settings, env)
-    from nodescale.distributed.local_launch import run_cli_locally
+    from nodescale.launch.schedulers.local_launcher import run_cli_locally
 
     return run_cli_locally(worker_argv(args), nproc)
 

@@ -24,12 +24,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 def list_jobs(args: argparse.Namespace) -> int:
     from nodescale.launch.job_log import submitted_jobs
-    from nodescale.launch.submit import job_states
+    from nodescale.launch.schedulers.table import BATCH
 
     jobs = submitted_jobs()
     states: dict[str, str] = {}
-    for scheduler in {job.scheduler for job in jobs}:
-        states.update(job_states(scheduler, [job.job_id for job in jobs if job.scheduler == scheduler]))
+    for name in {job.scheduler for job in jobs}:
+        states.update(BATCH[name].status([job.job_id for job in jobs if job.scheduler == name]))
     shown = 0
     for job in jobs:
         state = states.get(job.job_id)
@@ -45,18 +45,18 @@ def list_jobs(args: argparse.Namespace) -> int:
 
 def cancel_job(args: argparse.Namespace) -> int:
     from nodescale.launch.job_log import find
-    from nodescale.launch.submit import cancel_job as cancel
-    from nodescale.launch.submit import job_states
+    from nodescale.launch.schedulers.table import BATCH
 
     job = find(args.job_id)
     if job is None:
         raise UserError(f"job {args.job_id!r}", "was not submitted by nodescale on this account",
                         "`nodescale jobs --all` lists the jobs it knows; use scancel/qdel for others")
-    state = job_states(job.scheduler, [job.job_id]).get(job.job_id)
+    scheduler = BATCH[job.scheduler]
+    state = scheduler.status([job.job_id]).get(job.job_id)
     if state in ENDED:
         # scancel says nothing for an ended job; pretending to cancel it would mislead.
         raise UserError(f"job {job.job_id}", f"has already ended ({state})", f"its log: {job.log}")
-    cancel(job.scheduler, job.job_id)
+    scheduler.cancel(job.job_id)
     print(f"cancelled {job.scheduler} job {job.job_id}")
     return 0
 

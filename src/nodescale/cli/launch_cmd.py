@@ -1,24 +1,19 @@
-"""``nodescale launch``: render a job for local, Slurm or PBS, then run or submit it.
+"""``nodescale launch``: build the job from the flags, then print its dry run or submit it.
 
-``--dry-run`` prints exactly what would be submitted and stops before the one
-call that submits it (the same path otherwise).
+Each scheduler (:mod:`nodescale.launch.schedulers`) turns the job into a dry run, which
+``--dry-run`` prints and a launch submits: the same path, stopped before the one call that
+submits.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from nodescale.errors import UserError, program_not_found
-from nodescale.launch.shell import safe_job_name
-
-DEFAULT_PRESET = {"slurm": "generic-slurm", "pbs": "generic-pbs"}
+from nodescale.errors import UserError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -78,9 +73,11 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 
 
 def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The validated ``JobSpec`` and ``Preset`` (``None`` for local runs) from the flags."""
+    """The ``JobSpec`` and ``Preset`` (``None`` for local runs) from the flags, checked as far as the flags
+    go (the scheduler's dry run checks the job against the cluster)."""
     from pydantic import ValidationError
 
+    from nodescale.launch.schedulers.table import BATCH, SCHEDULERS
     from nodescale.launch.spec import JobSpec, walltime_seconds
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -88,19 +85,19 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
         raise UserError("launch without a command", "needs the program to run after --",
                         "e.g. nodescale launch --nodes 2 -- nodescale train")
     scheduler = args.scheduler
-    if scheduler is not None and scheduler not in ("local", "slurm", "pbs"):
+    if scheduler is not None and scheduler not in SCHEDULERS:
         from nodescale.errors import unknown_choice
 
-        raise unknown_choice("scheduler", scheduler, ("local", "slurm", "pbs"))
+        raise unknown_choice("scheduler", scheduler, SCHEDULERS)
     preset = None
     if scheduler == "local" and args.cluster:
         raise UserError(f"--cluster {args.cluster} with --scheduler local",
                         "a cluster preset describes a scheduler's jobs, not this machine",
                         "drop --cluster to run here, or drop --scheduler local to submit to the cluster")
-    if args.cluster or scheduler in ("slurm", "pbs"):
+    if args.cluster or scheduler in BATCH:
         from nodescale.launch.presets import load_preset
 
-        preset = load_preset(args.cluster or DEFAULT_PRESET[str(scheduler)])
+        preset = load_preset(args.cluster or BATCH[str(scheduler)].default_preset)
         scheduler = scheduler or preset.scheduler
     scheduler = scheduler or "local"
     gpus = _count("--gpus-per-node", args.gpus_per_node, minimum=0)
@@ -151,18 +148,6 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
         raise UserError("--mode spawn with nodescale train",
                         f"would run 1 process, not {spec.nproc_per_node}",
                         "use --mode torchrun (the default) or --mode per-gpu")
-    if preset is not None:
-        from nodescale.launch.checks import check_job
-
-        check_job(spec, preset)
-    else:
-        if spec.nodes > 1:
-            raise UserError(f"--nodes {spec.nodes} with --scheduler local", "a local run has one node",
-                            "use --scheduler slurm or pbs (and --cluster) for several nodes")
-        from nodescale.launch.envcheck import check_env
-
-        for warning in check_env(spec.env):
-            warnings.warn(warning, stacklevel=2)
     return spec, preset
 
 
@@ -173,91 +158,13 @@ def _local_gpus() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the job's dry run (``--dry-run``), or submit it: the same dry run."""
+    from nodescale.launch.schedulers.table import SCHEDULERS
+
     spec, preset = build_spec(args)
-    if spec.scheduler == "local":
-        return _run_local(spec, args.dry_run)
-    from nodescale.launch.render_pbs import render_pbs
-    from nodescale.launch.render_slurm import render_slurm
-    from nodescale.launch.submit import SUBMIT
-
-    script = (render_slurm if spec.scheduler == "slurm" else render_pbs)(spec, preset)
-    stem = f"{safe_job_name(spec.job_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    submit_line = " ".join([*SUBMIT[spec.scheduler], str(spec.job_dir / f"{stem}.sh")])
+    scheduler = SCHEDULERS[spec.scheduler]
+    dryrun = scheduler.dryrun(spec, preset)
     if args.dry_run:
-        print(f"# {submit_line}")
-        print(script, end="")
+        print(dryrun.show(), end="")
         return 0
-    return _submit(spec, script, stem)
-
-
-def _submit(spec: Any, script: str, stem: str) -> int:
-    from nodescale.launch.job_log import JobRecord, record
-    from nodescale.launch.submit import submit_script
-
-    spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-    script_path = _new_script_file(spec.job_dir, stem, script)
-    try:
-        job_id = submit_script(spec.scheduler, str(script_path))
-    except UserError:
-        script_path.unlink(missing_ok=True)  # nothing was submitted: leave nothing that looks submitted
-        raise
-    log = log_path(spec, job_id)
-    record(JobRecord(job_id, spec.scheduler, spec.job_name, str(script_path), log, str(spec.workdir), time.time()))
-    print(f"submitted {spec.scheduler} job {job_id}")
-    print(f"  script: {script_path}")
-    print(f"  log:    {log}")
-    return 0
-
-
-def _new_script_file(job_dir: Path, stem: str, script: str) -> Path:
-    """A script file of its own: two launches in one second never share (or overwrite) one."""
-    for attempt in range(1000):
-        path = job_dir / (f"{stem}.sh" if attempt == 0 else f"{stem}-{attempt}.sh")
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o750)
-        except FileExistsError:
-            continue
-        with os.fdopen(fd, "w") as handle:
-            handle.write(script)
-        return path
-    raise UserError(f"--job-dir {str(job_dir)!r}", f"already holds 1000 scripts named {stem}*",
-                    "choose another --job-dir or --job-name")
-
-
-def log_path(spec: Any, job_id: str) -> str:
-    """Where the scheduler writes the job's output, as the renderers ask for it."""
-    number = job_id.split(".")[0]
-    if spec.scheduler == "slurm":
-        from nodescale.launch.render_slurm import STDOUT_NAME
-
-        return str(spec.job_dir / STDOUT_NAME.replace("%j", number))
-    from nodescale.launch.render_pbs import MAX_JOB_NAME
-
-    # PBS names the file after the job's (sanitised) -N name and the number of its id.
-    return str(spec.job_dir / f"{safe_job_name(spec.job_name, limit=MAX_JOB_NAME)}.o{number}")
-
-
-def _run_local(spec: Any, dry_run: bool) -> int:
-    import shlex
-
-    env_line = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
-    if spec.mode == "spawn" or spec.nproc_per_node == 1:
-        shown = shlex.join(spec.command)
-    else:
-        shown = f"torchrun --standalone --nproc-per-node={spec.nproc_per_node} --no-python {shlex.join(spec.command)}"
-    if dry_run:
-        print(f"{env_line} {shown}".strip())
-        return 0
-    os.environ.update(spec.env)
-    sys.stdout.flush()
-    if spec.mode == "spawn" or spec.nproc_per_node == 1:
-        import subprocess
-
-        try:
-            return subprocess.call(spec.command)
-        except FileNotFoundError:
-            raise program_not_found(spec.command[0]) from None
-    from nodescale.distributed.local_launch import launch_local
-
-    # Any script's rank 0 would serve the store on every interface: a store process serves it on loopback.
-    return launch_local(spec.command, spec.nproc_per_node, store_process=True)
+    return scheduler.submit(dryrun)

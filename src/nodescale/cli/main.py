@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except UserError as exc:
-        from nodescale.distributed.local_launch import hand_over_user_error
+        from nodescale.launch.schedulers.local_launcher import hand_over_user_error
 
         if not hand_over_user_error(str(exc)):  # a worker of --nproc: the launcher prints it once
             print(f"nodescale: error: {exc}", file=sys.stderr)

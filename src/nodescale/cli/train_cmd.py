@@ -68,7 +68,7 @@ def _warn_about_restarts_under_a_launcher(cfg: RunConfig, source: str) -> None:
     """Restarts belong to whoever started the processes; say what nodescale's flag does not do there."""
     import os
 
-    from nodescale.distributed.local_launch import current_restart
+    from nodescale.launch.schedulers.local_launcher import current_restart
 
     if cfg.checkpoint.max_restarts:
         warnings.warn(f"--max-restarts ignored: {source} started the processes, so it restarts them "
@@ -104,7 +104,7 @@ def _run_here(cfg: RunConfig) -> int:
         return 0
     import tempfile
 
-    from nodescale.distributed.local_launch import launch_local
+    from nodescale.launch.schedulers.local_launcher import launch_local
 
     # The workers' copy of the configuration; rank 0 writes the run's config.yaml itself
     # once training is sure to start (a refused --resume must not overwrite it).

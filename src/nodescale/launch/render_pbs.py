@@ -51,9 +51,9 @@ _NODE_RANK = "${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no 
 def render_pbs(spec: JobSpec, preset: Preset) -> str:
     """The qsub script that runs ``spec`` on the cluster ``preset`` describes.
 
-    Raises ValueError for a spec the caller should have refused (a Slurm preset, spawn mode on
-    several nodes, relative paths) and :class:`UserError` for text that cannot go into the
-    script safely (whitespace or quotes in a directive value, an invalid variable name).
+    Raises ValueError for a spec the caller should have refused (a Slurm preset, relative paths;
+    the job's arithmetic is :func:`nodescale.launch.checks.check_job`'s) and :class:`UserError` for
+    text that cannot go into the script safely (whitespace or quotes in a directive value, an invalid variable name).
     """
     shell.check_job(spec, preset)
     env = shell.merged_env(preset.env, spec.env)

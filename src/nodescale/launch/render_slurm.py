@@ -37,9 +37,9 @@ _WHY_HEAD = [
 def render_slurm(spec: JobSpec, preset: Preset) -> str:
     """The sbatch script that runs ``spec`` on the cluster ``preset`` describes.
 
-    Raises ValueError for a spec the caller should have refused (a PBS preset, spawn mode on
-    several nodes, relative paths) and :class:`UserError` for text that cannot go into the
-    script safely (a newline in a directive value, an invalid variable name).
+    Raises ValueError for a spec the caller should have refused (a PBS preset, relative paths;
+    the job's arithmetic is :func:`nodescale.launch.checks.check_job`'s) and :class:`UserError` for
+    text that cannot go into the script safely (a newline in a directive value, an invalid variable name).
     """
     shell.check_job(spec, preset)
     env = shell.merged_env(preset.env, spec.env)

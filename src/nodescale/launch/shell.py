@@ -230,11 +230,12 @@ def rendezvous_block(
 
 def check_job(spec: JobSpec, preset: Preset) -> None:
     """ValueError for what the caller should have refused before asking for a script, and
-    :class:`UserError` for a command that starts with an option."""
+    :class:`UserError` for a command that starts with an option.
+
+    The job's arithmetic (spawn mode on several nodes among it) is :func:`nodescale.launch.checks.check_job`'s,
+    which every scheduler's dry run calls before rendering."""
     if spec.scheduler != preset.scheduler:
         raise ValueError(f"a {spec.scheduler} job cannot use the {preset.scheduler} preset {preset.name!r}")
-    if spec.mode == "spawn" and spec.nodes > 1:
-        raise ValueError(f"spawn mode starts its processes on one node; {spec.nodes} nodes were asked for")
     if spec.command[0].startswith("-"):
         # srun/mpiexec would read it as one of their own options.
         raise UserError(f"command {spec.command[0]!r}", "must start with a program, not an option")

@@ -19,9 +19,9 @@ from nodescale.api import Context
 from nodescale.config.schema import RunConfig
 from nodescale.data.registry import get_format
 from nodescale.distributed.env import DistEnv, detect
-from nodescale.distributed.local_launch import current_restart
 from nodescale.distributed.process_group import Runtime, barrier, start
 from nodescale.engine.settings import check_process_count
+from nodescale.launch.schedulers.local_launcher import current_restart
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
 from nodescale.strategies import make_strategy
 from nodescale.train.build_model import build_for_run

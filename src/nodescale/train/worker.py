@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-from nodescale.distributed.local_launch import hand_over_user_error
 from nodescale.errors import EXIT_USER_ERROR, UserError
+from nodescale.launch.schedulers.local_launcher import hand_over_user_error
 
 
 def main(argv: list[str]) -> int:

@@ -7,7 +7,7 @@ process, and tells the workers ``TORCHELASTIC_USE_AGENT_STORE=True``, so every r
 client, exactly as under torchrun's agent. The socket listens from the start, so workers that
 connect before this process has imported torch wait in its backlog.
 
-Run as ``python -m nodescale.distributed.store_server FD WORLD_SIZE``; it serves until SIGTERM.
+Run as ``python -m nodescale.launch.schedulers.local_store_server FD WORLD_SIZE``; it serves until SIGTERM.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Start N local worker processes the way ``torchrun --standalone`` does, and restart them.
 
-The workers are started by :mod:`nodescale.distributed.worker_group` with exactly torchrun's
-environment, so the same entry point runs unchanged under torchrun; this launcher does
+The workers are started by :mod:`nodescale.launch.schedulers.local_worker_group` with exactly
+torchrun's environment, so the same entry point runs unchanged under torchrun; this launcher does
 not import torch, which lets the workers start about one ``import torch`` sooner.
 
 Restarts (``max_restarts``) are a loop around the group: torch's agent restarts a group
@@ -22,7 +22,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodescale.errors import EXIT_USER_ERROR
+from nodescale.errors import EXIT_USER_ERROR, UserError
 from nodescale.stop_signals import EXIT_REQUEUE
 
 # Workers (nodescale.train.worker) write their user errors into this directory and the
@@ -84,10 +84,10 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
     stopped and all are started again, up to ``max_restarts`` times. Exit code
     2 when every failed worker exited 2 (they printed the user error
     themselves), 1 for any other failure, 0 on success, 128 + N when signal N
-    stopped the launcher. ``store_process``: see :func:`~nodescale.distributed.worker_group.run_worker_group`
-    (for commands that are not nodescale's).
+    stopped the launcher. ``store_process``: see
+    :func:`~nodescale.launch.schedulers.local_worker_group.run_worker_group` (for commands that are not nodescale's).
     """
-    from nodescale.distributed.worker_group import run_worker_group
+    from nodescale.launch.schedulers.local_worker_group import run_worker_group
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
     restart: dict[str, str] = {}
@@ -176,6 +176,28 @@ def run_cli_locally(argv: Sequence[str], nproc: int) -> int:
     return launch_local([sys.executable, "-u", "-m", "nodescale", *argv], nproc)
 
 
+def command_line(nproc: int, command: Sequence[str]) -> list[str]:
+    """The command that runs ``command`` in ``nproc`` local processes (what ``nodescale launch`` executes)."""
+    return [sys.executable, "-m", __name__, f"--nproc-per-node={nproc}", "--", *command]
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m nodescale.launch.schedulers.local_launcher --nproc-per-node=N -- COMMAND...``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="nodescale's local launcher: COMMAND in N local processes")
+    parser.add_argument("--nproc-per-node", type=int, required=True)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        # Any script's rank 0 would serve the store on every interface: a store process serves it on loopback.
+        return launch_local(command, args.nproc_per_node, store_process=True)
+    except UserError as exc:
+        print(f"nodescale: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
 def hand_over_user_error(message: str) -> bool:
     """In a worker of :func:`launch_local`: leave ``message`` for the launcher to print once.
 
@@ -196,3 +218,7 @@ def _print_user_errors(error_dir: Path) -> None:
     for message, ranks in ranks_by_message.items():
         who = "rank" if len(ranks) == 1 else "ranks"
         print(f"nodescale: error ({who} {', '.join(map(str, sorted(ranks)))}): {message}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -35,6 +35,7 @@ from types import FrameType
 from nodescale.distributed.env import LOOPBACK
 from nodescale.distributed.ports import free_port, listening_socket
 from nodescale.errors import program_not_found
+from nodescale.launch.schedulers import local_store_server
 
 # How long a worker told to stop may take (to write its checkpoint) before it is killed: torch's agent's figure.
 STOP_GRACE_SECONDS = 30.0
@@ -138,7 +139,7 @@ def _start_store_server(nproc: int) -> tuple[subprocess.Popen[bytes], int]:
     """A store server process on a socket bound here to 127.0.0.1 (held, so no other program takes the port)."""
     with listening_socket(LOOPBACK, 0) as listener:
         fd = listener.fileno()
-        server = subprocess.Popen([sys.executable, "-m", "nodescale.distributed.store_server", str(fd), str(nproc)],
+        server = subprocess.Popen([sys.executable, "-m", local_store_server.__name__, str(fd), str(nproc)],
                                   pass_fds=(fd,), start_new_session=True, preexec_fn=_die_with_parent)
         return server, int(listener.getsockname()[1])
 

@@ -1,0 +1,102 @@
+"""What Slurm and PBS share: a job script written to a file of its own, submitted, and logged.
+
+Each scheduler's module says its commands (submit, cancel, status), how it renders the script
+and where it writes the job's output; the steps around them are here, once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from abc import abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+from nodescale.errors import UserError
+from nodescale.launch.checks import check_job
+from nodescale.launch.job_log import JobRecord, record
+from nodescale.launch.schedulers.base import DryRun, Scheduler, run_scheduler_command
+from nodescale.launch.shell import safe_job_name
+from nodescale.launch.spec import JobSpec, Preset
+
+
+class BatchScheduler(Scheduler):
+    """A scheduler that queues a job script: ``dryrun`` renders it, ``submit`` queues it."""
+
+    submit_command: ClassVar[tuple[str, ...]]  # the script's path follows
+    cancel_command: ClassVar[tuple[str, ...]]  # the job id follows
+    default_preset: ClassVar[str]  # the preset of ``--scheduler NAME`` without ``--cluster``
+
+    @abstractmethod
+    def render(self, spec: JobSpec, preset: Preset) -> str:
+        """The job script (a pure function of the two)."""
+
+    @abstractmethod
+    def status(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """The scheduler's state of each job still known to it (finished jobs may be absent)."""
+
+    @abstractmethod
+    def log_path(self, spec: JobSpec, job_id: str) -> str:
+        """Where the scheduler writes the job's output, as the rendered script asks for it."""
+
+    def dryrun(self, spec: JobSpec, preset: Preset | None) -> DryRun:
+        """The checked job's script, and the submit command with the path it is written to."""
+        if preset is None:
+            raise ValueError(f"a {self.name} job needs a cluster preset")
+        check_job(spec, preset)
+        script = self.render(spec, preset)
+        stem = f"{safe_job_name(spec.job_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return DryRun(spec, (*self.submit_command, str(spec.job_dir / f"{stem}.sh")), script=script)
+
+    def submit(self, dryrun: DryRun) -> int:
+        """Write the script to a file of its own, submit it, log the job (``nodescale jobs``) and print it."""
+        spec, path = dryrun.spec, Path(dryrun.argv[-1])
+        assert dryrun.script is not None, "a batch dry run holds its script"
+        spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        script_path = new_script_file(spec.job_dir, path.stem, dryrun.script)
+        argv = [*dryrun.argv[:-1], str(script_path)]
+        try:
+            out = run_scheduler_command(argv, "job script").strip()
+        except UserError:
+            script_path.unlink(missing_ok=True)  # nothing was submitted: leave nothing that looks submitted
+            raise
+        # sbatch --parsable prints "ID" or "ID;CLUSTER"; qsub prints "ID.SERVER".
+        job_id = out.splitlines()[-1].split(";")[0].strip() if out else ""
+        if not re.match(r"^\d+", job_id):
+            raise UserError(f"{argv[0]} output {out!r}", "holds no job id", "check the scheduler's logs")
+        log = self.log_path(spec, job_id)
+        record(JobRecord(job_id, self.name, spec.job_name, str(script_path), log, str(spec.workdir), time.time()))
+        print(f"submitted {self.name} job {job_id}")
+        print(f"  script: {script_path}")
+        print(f"  log:    {log}")
+        return 0
+
+    def cancel(self, job_id: str) -> None:
+        """Ask the scheduler to end the job; UserError if it refuses."""
+        run_scheduler_command([*self.cancel_command, job_id], "cancel command")
+
+
+def query(argv: Sequence[str]) -> str:
+    """A status command's output; empty where the command is not installed (no states known)."""
+    if shutil.which(argv[0]) is None:
+        return ""
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=60).stdout
+
+
+def new_script_file(job_dir: Path, stem: str, script: str) -> Path:
+    """A script file of its own: two launches in one second never share (or overwrite) one."""
+    for attempt in range(1000):
+        path = job_dir / (f"{stem}.sh" if attempt == 0 else f"{stem}-{attempt}.sh")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o750)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(script)
+        return path
+    raise UserError(f"--job-dir {str(job_dir)!r}", f"already holds 1000 scripts named {stem}*",
+                    "choose another --job-dir or --job-name")

@@ -1,0 +1,31 @@
+"""Slurm: sbatch, scancel, squeue, and the log file the script asks for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nodescale.launch.render_slurm import STDOUT_NAME, render_slurm
+from nodescale.launch.schedulers.batch import BatchScheduler, query
+from nodescale.launch.spec import JobSpec, Preset
+
+
+class Slurm(BatchScheduler):
+    """Slurm: ``sbatch --parsable SCRIPT`` prints the job id."""
+
+    name = "slurm"
+    submit_command = ("sbatch", "--parsable")
+    cancel_command = ("scancel",)
+    default_preset = "generic-slurm"
+
+    def render(self, spec: JobSpec, preset: Preset) -> str:
+        return render_slurm(spec, preset)
+
+    def status(self, job_ids: Sequence[str]) -> dict[str, str]:
+        if not job_ids:
+            return {}
+        # -t all: jobs that ended recently (COMPLETED, FAILED, CANCELLED) are still listed.
+        out = query(["squeue", "-h", "-t", "all", "-o", "%i %T", "-j", ",".join(job_ids)])
+        return {parts[0]: parts[1] for parts in (line.split() for line in out.splitlines()) if len(parts) == 2}
+
+    def log_path(self, spec: JobSpec, job_id: str) -> str:
+        return str(spec.job_dir / STDOUT_NAME.replace("%j", job_id.split(".")[0]))
