@@ -166,7 +166,7 @@ class Context:
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The plain model inside the strategy's wrapper (DDP, DataParallel, torch.compile, DeepSpeed)."""
-        return unwrap_model(self.strategy.unwrap(unwrap_model(model)))
+        return unwrap_model(model)
 
     # ---------------------------------------------------------------- loader
     def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
@@ -343,7 +343,7 @@ class Context:
             return None
         self._closed = True
         self._end_sync()
-        name = checkpoints.model_name(self.unwrap(self.prepared.model)) if self.prepared else None
+        name = checkpoints.model_name(self.prepared.model) if self.prepared else None
         result = self.record.finish(summary, name)
         self.prepared = None  # the wrappers' references go before the group does
         shutdown(self.runtime)

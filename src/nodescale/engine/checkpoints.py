@@ -68,7 +68,7 @@ def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, pre
     config = cfg.model_dump(mode="json")
     if library:
         if prepared is not None:
-            config["model"]["name"] = model_name(prepared.strategy.unwrap(prepared.model))
+            config["model"]["name"] = model_name(prepared.model)
             config["optim"]["name"] = type(prepared.optimizer).__name__.lower()
         config["data"]["name"] = None
     state: dict[str, Any] = {

@@ -119,9 +119,6 @@ class DeepSpeedStrategy:
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         return DeepSpeedUpdater(self.engine)
 
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return getattr(model, "module", model)
-
     def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         raise UserError("checkpoint format 'full' with strategy 'deepspeed'", "DeepSpeed writes sharded checkpoints",
                         "drop --checkpoint-format")

@@ -105,10 +105,6 @@ class FSDPStrategy(TorchNative):
             return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         return MixedPrecisionPolicy()
 
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        # fully_shard changes the module in place; its parameters are DTensors.
-        return model
-
     def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
         return _no_gradient_sync(model)
 
