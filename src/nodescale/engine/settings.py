@@ -64,7 +64,7 @@ def run_config(world_size: int, out: str | Path | None, options: dict[str, Any])
 
 
 def check_process_count(strategy: Any, env: Any, call: str, hint: str) -> None:
-    """A single-process strategy (single, dp) refused where a launcher started several processes."""
-    if env.world_size > 1 and not strategy.needs_process_group:
+    """A single-process strategy (its section: single, dp) refused where a launcher started several processes."""
+    if env.world_size > 1 and not strategy.multi_process:
         raise UserError(f"{call} under {env.source} with {env.world_size} processes",
                         f"{strategy.name} runs in a single process", f"use {hint}, or start one process")

@@ -67,8 +67,7 @@ class Updater(Protocol):
 
 
 class Strategy(Protocol):
-    name: str
-    needs_process_group: bool
+    name: str  # its section's (which says the rest: whether it needs a process group, its options)
     sharded_layout: str  # what save_sharded writes: "torch-dcp" or "deepspeed"
 
     def wrap(self, model: nn.Module, runtime: Runtime) -> nn.Module:

@@ -6,18 +6,16 @@ from contextlib import AbstractContextManager
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from nodescale.config.schema import StrategySection
+from nodescale.config.strategy import DDPSection
 from nodescale.distributed.process_group import Runtime
 from nodescale.distributed.sync_batchnorm import convert_sync_batchnorm
 from nodescale.strategies.torch_native import TorchNative
 
 
 class DDPStrategy(TorchNative):
-    name = "ddp"
-    needs_process_group = True
+    """The model wrapped in ``DistributedDataParallel`` with the section's bucket and graph options."""
 
-    def __init__(self, cfg: StrategySection) -> None:
-        self.cfg = cfg
+    cfg: DDPSection
 
     def wrap(self, model: nn.Module, runtime: Runtime) -> nn.Module:
         if self.cfg.sync_batchnorm:

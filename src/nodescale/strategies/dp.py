@@ -16,8 +16,7 @@ from nodescale.strategies.torch_native import TorchNative
 
 
 class DataParallelStrategy(TorchNative):
-    name = "dp"
-    needs_process_group = False
+    """The model replicated over a node's GPUs by ``nn.DataParallel`` in every forward."""
 
     def wrap(self, model: nn.Module, runtime: Runtime) -> nn.Module:
         warnings.warn(

@@ -9,8 +9,7 @@ from nodescale.strategies.torch_native import TorchNative
 
 
 class SingleDevice(TorchNative):
-    name = "single"
-    needs_process_group = False
+    """Wraps nothing: the model on this process's device."""
 
     def wrap(self, model: nn.Module, runtime: Runtime) -> nn.Module:
         return model.to(runtime.device)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from nodescale.config.schema import RunConfig
+from nodescale.config.strategy import StrategySection
 from nodescale.models.introspect import unwrap
 from nodescale.strategies.base import Footprint
 from nodescale.strategies.footprint import tensor_footprint
@@ -24,6 +25,11 @@ from nodescale.strategies.torch_updater import TorchUpdater
 
 class TorchNative:
     sharded_layout = "torch-dcp"
+
+    def __init__(self, cfg: StrategySection, precision: str = "fp32") -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.precision = precision  # the run's (FSDP's mixed-precision policy follows it)
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
         """Skip gradient synchronisation inside (nothing to skip in one process)."""
