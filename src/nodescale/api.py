@@ -143,14 +143,13 @@ class Context:
         if self.prepared is not None:
             raise UserError("ctx.prepare called twice", "one context trains one model with one optimiser",
                             "prepare the model and its optimiser together, once")
-        section = self.cfg.strategy
-        sync_batchnorm = sync_batchnorm or getattr(section, "sync_batchnorm", False)  # or init's, --sync-batchnorm
+        sync_batchnorm = sync_batchnorm or getattr(self.cfg.strategy, "sync_batchnorm", False)  # or init's
         updates = {"sync_batchnorm": sync_batchnorm and self.world_size > 1, **ddp_options}
         for name in updates:
             if not is_strategy_key(name):
                 raise UserError(f"ctx.prepare({name}=...)", "is not a strategy option",
                                 "pass bucket_cap_mb, static_graph, find_unused_parameters or gradient_as_bucket_view")
-        self.cfg.strategy = strategy_section({**section.model_dump(), **updates})  # another strategy's: refused
+        self.cfg.strategy = strategy_section({**self.cfg.strategy.model_dump(), **updates})
         self.strategy = make_strategy(self.cfg.strategy, self.cfg.train.precision)
         names = {id(p): name for name, p in model.named_parameters()}
         wrapped = self.strategy.wrap(model, self.runtime)

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from nodescale.config.schema import RunConfig
-from nodescale.config.strategy import SECTIONS
+from nodescale.config.strategy import SECTIONS, error_key
 from nodescale.errors import UserError, did_you_mean
 from nodescale.plugins.refs import absolute_ref
 
@@ -129,9 +129,7 @@ def validate(tree: dict[str, Any], flag_names: Mapping[str, str]) -> RunConfig:
 def _readable(exc: ValidationError, flag_names: Mapping[str, str]) -> UserError:
     # Report the first error fully; the user fixes one thing at a time and reruns.
     error = exc.errors()[0]
-    loc = [str(part) for part in error["loc"]]
-    chosen = loc.pop(1) if loc[:1] == ["strategy"] and len(loc) > 2 and loc[1] in SECTIONS else None
-    key = ".".join(loc)
+    key, chosen = error_key(error["loc"])
     shown = flag_names.get(key, key)
     value = error.get("input")
     if error["type"] == "extra_forbidden":

@@ -151,17 +151,22 @@ def _chosen_strategy(value: Any) -> Any:
     if not isinstance(value, dict):
         return value  # a section already built, or not a mapping (pydantic says so)
     name = value.get("name", "ddp")
-    if name not in SECTIONS:
-        raise unknown_choice("strategy", name, STRATEGIES)
+    if not isinstance(name, str) or name not in SECTIONS:
+        raise unknown_choice("strategy", str(name), STRATEGIES)
     own = SECTIONS[name].model_fields
     kept = {"name": name}
     for key, item in value.items():
-        owners = [other for other, cls in SECTIONS.items() if key in cls.model_fields]
+        owners = _owners(key)
         if key in own or not owners:  # not a strategy key at all: extra="forbid" names it
             kept[key] = item
         elif not any(_is_default(SECTIONS[owner], key, item) for owner in owners):
             raise another_strategys_key(name, key, item)
     return kept
+
+
+def _owners(key: str) -> list[str]:
+    """The strategies whose sections have ``key``."""
+    return [name for name, cls in SECTIONS.items() if key in cls.model_fields]
 
 
 def _is_default(cls: type[_Strategy], key: str, value: Any) -> bool:
@@ -173,7 +178,7 @@ def _is_default(cls: type[_Strategy], key: str, value: Any) -> bool:
 
 def another_strategys_key(name: str, key: str, value: Any, flag: str | None = None) -> UserError:
     """The error for ``key`` set to ``value`` (by ``flag``, if typed) with strategy ``name``, which lacks it."""
-    owners = [other for other, cls in SECTIONS.items() if key in cls.model_fields]
+    owners = _owners(key)
     spoken = SECTIONS[owners[0]].model_fields[key].title or f"strategy.{key}"
     return UserError(f"{flag} {value} with strategy {name!r}" if flag else f"{key} {value!r} with strategy {name!r}",
                      f"{spoken} applies to --strategy {' or '.join(owners)}",
@@ -189,10 +194,18 @@ _SECTION = TypeAdapter(StrategySection)
 
 
 def strategy_section(keys: dict[str, Any]) -> StrategySection:
-    """The validated section of the strategy ``keys["name"]`` from its keys (an old flat layout too)."""
+    """The validated section of the strategy ``keys["name"]`` from its keys: another strategy's key is
+    dropped at its default (``sync_batchnorm=False`` with single, an old flat layout), else refused."""
     return _SECTION.validate_python(keys)
 
 
 def is_strategy_key(key: str) -> bool:
     """Whether ``key`` belongs to some strategy's section."""
-    return any(key in cls.model_fields for cls in SECTIONS.values())
+    return bool(_owners(key))
+
+
+def error_key(loc: tuple[Any, ...]) -> tuple[str, str | None]:
+    """The dotted key of a pydantic error's location, without the union's tag; and that tag (a strategy)."""
+    parts = [str(part) for part in loc]
+    tag = parts.pop(1) if parts[:1] == ["strategy"] and len(parts) > 2 and parts[1] in SECTIONS else None
+    return ".".join(parts), tag

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from nodescale.config.schema import RunConfig
+from nodescale.config.strategy import error_key
 from nodescale.errors import UserError
 
 # init()'s name -> (section, key) of RunConfig.
@@ -54,7 +55,7 @@ def run_config(world_size: int, out: str | Path | None, options: dict[str, Any])
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
+        where, _ = error_key(first["loc"])
         inner = first.get("ctx", {}).get("error")
         if isinstance(inner, UserError):
             raise inner from None
