@@ -20,11 +20,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from raw_ddp import parse_args, sync, write_result  # noqa: E402
+
 import nodescale  # noqa: E402
 from nodescale.config.schema import DataSection, ModelSection  # noqa: E402
 from nodescale.data.registry import get_format  # noqa: E402
 from nodescale.models.registry import build_model  # noqa: E402
-from raw_ddp import parse_args, sync, write_result  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

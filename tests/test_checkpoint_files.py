@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nodescale.atomic_files import write_atomic, write_json_atomic
-from nodescale.errors import UserError
 from nodescale.engine import checkpoint_files as checkpoint
+from nodescale.errors import UserError
 
 
 def _state(step: int) -> dict[str, object]:

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from conftest import final_weights, max_difference, run_cli
-from nodescale.errors import UserError
 from nodescale.engine import checkpoint_files as checkpoint
 from nodescale.engine import manifest
+from nodescale.errors import UserError
 
 STEP_10, STEP_20 = "step-00000010", "step-00000020"
 

@@ -192,7 +192,7 @@ def test_a_contradicting_deepspeed_config_is_refused_before_any_process_starts(
 @pytest.mark.parametrize(("args", "message"), [
     (["--cpu-offload", "optimizer"], "without GPUs"),
     (["--zero-stage", "0", "--cpu-offload", "optimizer"], "from stage 1 on"),
-    (["--sync-batchnorm"], "available with ddp and fsdp"),
+    (["--sync-batchnorm"], "--sync-batchnorm applies to --strategy ddp or fsdp"),
     (["--zero-stage", "2", "--cpu-offload", "all"], "use --zero-stage 3"),
     (["--zero-stage", "4"], "zero_stage"),
     (["--compile"], "drop --compile"),

@@ -237,8 +237,8 @@ def test_ddp_resumes_from_an_fsdp_sharded_checkpoint(saved_runs: dict[str, Path]
     (["--strategy", "ddp", "--sharding", "grad-op"], "--sharding applies to --strategy fsdp"),
     (["--strategy", "fsdp", "--precision", "fp16"], "--precision bf16"),
     (["--strategy", "fsdp", "--cpu-offload", "optimizer"], "use --cpu-offload all"),
-    (["--strategy", "ddp", "--cpu-offload", "all"], "CPU offload applies to --strategy fsdp or deepspeed"),
-    (["--strategy", "fsdp", "--zero-stage", "3"], "apply to --strategy deepspeed"),
+    (["--strategy", "ddp", "--cpu-offload", "all"], "--cpu-offload applies to --strategy fsdp or deepspeed"),
+    (["--strategy", "fsdp", "--zero-stage", "3"], "--zero-stage applies to --strategy deepspeed"),
     (["--strategy", "fsdp", "--checkpoint-format", "shards"], "full"),
 ])
 def test_bad_fsdp_settings_are_refused_before_any_process_starts(args: list[str], message: str,
@@ -260,12 +260,12 @@ def test_nproc_starts_the_fsdp_ranks_in_bf16(model: str, tmp_path: Path) -> None
 def test_fsdp_mixed_precision_policy_follows_the_precision_and_batchnorm() -> None:
     from torch import nn
 
-    from nodescale.config.schema import StrategySection
+    from nodescale.config.strategy import FSDPSection
     from nodescale.strategies import make_strategy
 
     plain, with_bn = nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
-    bf16 = make_strategy(StrategySection(name="fsdp"), "bf16")
+    bf16 = make_strategy(FSDPSection(), "bf16")
     policy = bf16.policy_for(plain)
     assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
     assert bf16.policy_for(with_bn).param_dtype is None  # BatchNorm's fp32 buffers need fp32 parameters
-    assert make_strategy(StrategySection(name="fsdp"), "fp32").policy_for(plain).param_dtype is None
+    assert make_strategy(FSDPSection(), "fp32").policy_for(plain).param_dtype is None

@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import yaml
@@ -85,9 +85,10 @@ VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
 def _sections() -> dict[str, list[str]]:
     sections = {}
     for name, field in RunConfig.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            sections[name] = list(annotation.model_fields)
+        models = [m for m in get_args(field.annotation) or (field.annotation,)  # the strategy section: a union
+                  if isinstance(m, type) and issubclass(m, BaseModel)]
+        if models:
+            sections[name] = list(dict.fromkeys(key for model in models for key in model.model_fields))
     return sections
 
 

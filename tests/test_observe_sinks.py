@@ -423,8 +423,8 @@ def test_wandb_online_without_credentials_is_a_user_error(wandb_env: Path, tmp_p
 
 
 def test_a_failing_logger_is_dropped_and_the_others_go_on(tmp_path: Path) -> None:
-    from nodescale.observe.csv_sink import CsvSink
     from nodescale.engine.metrics_log import MetricsLog
+    from nodescale.observe.csv_sink import CsvSink
 
     class FullDisk:  # a logger whose writes fail, as on a full disk or a vanished server
         name = "full-disk"

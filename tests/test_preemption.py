@@ -20,11 +20,11 @@ import pytest
 
 from conftest import cli_env, read_metrics
 from nodescale.config.schema import RunConfig
+from nodescale.engine.preemption import StopRequest
 from nodescale.errors import UserError
 from nodescale.launch.presets import load_preset
 from nodescale.launch.render_pbs import render_pbs
 from nodescale.launch.spec import JobSpec
-from nodescale.engine.preemption import StopRequest
 from nodescale.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE, normalise_signal_names
 from proc_tree import worker_of_rank, workers_in
 from scheduler_fixtures import SlurmCluster, run_pbs_job

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodescale.data.sharding import ShardPlan
-from nodescale.data.sharding import window_totals
+from nodescale.data.sharding import ShardPlan, window_totals
 
 
 def _epoch_samples(n: int, world: int, batch: int, epoch: int, seed: int = 0) -> list[list[int]]:

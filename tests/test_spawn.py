@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import re
 import subprocess
 import sys

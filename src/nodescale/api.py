@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from nodescale.atomic_files import write_atomic
+from nodescale.config.strategy import is_strategy_key, strategy_section
 from nodescale.data.epoch_loader import DrawnBatch, EpochLoader
 from nodescale.data.sharding import ShardPlan
 from nodescale.distributed.env import DistEnv, detect
@@ -38,9 +39,9 @@ from nodescale.engine.run_record import RunRecord
 from nodescale.engine.settings import check_process_count, run_config
 from nodescale.errors import UserError
 from nodescale.models.introspect import unwrap as unwrap_model
+from nodescale.stop_signals import EXIT_REQUEUE
 from nodescale.strategies import make_strategy
 from nodescale.strategies.base import Strategy
-from nodescale.stop_signals import EXIT_REQUEUE
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -59,13 +60,13 @@ def init(*, strategy: str = "auto", precision: str = "fp32", seed: int | None = 
     cfg = run_config(env.world_size, out, {"strategy": strategy, "precision": precision, "seed": seed,
                                            "grad_accum": grad_accum, "backend": backend, "timeout_s": timeout_s,
                                            **options})
-    engine = make_strategy(cfg.strategy, cfg.train.precision)
-    check_process_count(engine, env, f"nodescale.init(strategy={cfg.strategy.name!r})", "strategy='ddp' (or 'auto')")
-    runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=engine.needs_process_group)
+    check_process_count(cfg.strategy, env, f"nodescale.init(strategy={cfg.strategy.name!r})",
+                        "strategy='ddp' (or 'auto')")
+    runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=cfg.strategy.multi_process)
     if seed is not None:
         torch.manual_seed(seed)
         random.seed(seed)
-    return Context(runtime, cfg, engine, started)
+    return Context(runtime, cfg, started=started)
 
 
 class Context:
@@ -75,7 +76,7 @@ class Context:
                  started: float | None = None, *, library: bool = True) -> None:
         self.runtime = runtime
         self.cfg = cfg if cfg is not None else run_config(runtime.world_size, None, {})
-        self.strategy = strategy if strategy is not None else make_strategy(self.cfg.strategy)
+        self.strategy = strategy if strategy is not None else make_strategy(self.cfg.strategy, self.cfg.train.precision)
         self.library = library  # a script's context; else nodescale train's (its own names, --resume rules)
         self.record = RunRecord(self.cfg, runtime, started or time.perf_counter(), library)
         self.prepared: checkpoints.Prepared | None = None
@@ -142,14 +143,13 @@ class Context:
         if self.prepared is not None:
             raise UserError("ctx.prepare called twice", "one context trains one model with one optimiser",
                             "prepare the model and its optimiser together, once")
-        sync_batchnorm = sync_batchnorm or self.cfg.strategy.sync_batchnorm  # or init's, or --sync-batchnorm
+        sync_batchnorm = sync_batchnorm or getattr(self.cfg.strategy, "sync_batchnorm", False)  # or init's
         updates = {"sync_batchnorm": sync_batchnorm and self.world_size > 1, **ddp_options}
-        known = set(type(self.cfg.strategy).model_fields)
         for name in updates:
-            if name not in known:
+            if not is_strategy_key(name):
                 raise UserError(f"ctx.prepare({name}=...)", "is not a strategy option",
                                 "pass bucket_cap_mb, static_graph, find_unused_parameters or gradient_as_bucket_view")
-        self.cfg.strategy = self.cfg.strategy.model_copy(update=updates)
+        self.cfg.strategy = strategy_section({**self.cfg.strategy.model_dump(), **updates})
         self.strategy = make_strategy(self.cfg.strategy, self.cfg.train.precision)
         names = {id(p): name for name, p in model.named_parameters()}
         wrapped = self.strategy.wrap(model, self.runtime)
@@ -166,7 +166,7 @@ class Context:
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The plain model inside the strategy's wrapper (DDP, DataParallel, torch.compile, DeepSpeed)."""
-        return unwrap_model(self.strategy.unwrap(unwrap_model(model)))
+        return unwrap_model(model)
 
     # ---------------------------------------------------------------- loader
     def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
@@ -343,7 +343,7 @@ class Context:
             return None
         self._closed = True
         self._end_sync()
-        name = checkpoints.model_name(self.unwrap(self.prepared.model)) if self.prepared else None
+        name = checkpoints.model_name(self.prepared.model) if self.prepared else None
         result = self.record.finish(summary, name)
         self.prepared = None  # the wrappers' references go before the group does
         shutdown(self.runtime)

@@ -106,7 +106,6 @@ def _check_plan(plan: Any, extra: list[str]) -> None:
     """Every mistake found before the first process starts: steps, batch split, train flags."""
     from nodescale.bench.scaling import check_train_args
     from nodescale.cli.run_flags import FLAG_NAMES, add_run_flags, resolve_config
-    from nodescale.config.schema import MULTI_PROCESS_STRATEGIES
     from nodescale.data.registry import get_format
 
     if plan.max_steps < 1 or plan.warmup_steps < 0 or plan.warmup_steps >= plan.max_steps:
@@ -123,7 +122,7 @@ def _check_plan(plan: Any, extra: list[str]) -> None:
     add_run_flags(train_parser)
     for world_size in plan.world_sizes:
         cfg = resolve_config(train_parser.parse_args(plan.train_argv(world_size)[1:]))
-        if world_size > 1 and cfg.strategy.name not in MULTI_PROCESS_STRATEGIES:
+        if world_size > 1 and not cfg.strategy.multi_process:
             raise UserError(f"--strategy {cfg.strategy.name}", "runs in one process and cannot scale",
                             "use --strategy ddp, fsdp or deepspeed")
     get_format(cfg.data.name).check(cfg.data)

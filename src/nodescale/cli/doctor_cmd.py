@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch_local(nproc: int, out: Path | None, as_json: bool, timeout_s: float, backend: str) -> int:
     """Run the doctor in ``nproc`` local processes; rank 0's verdict is the exit code."""
-    from nodescale.launch.schedulers.local_launcher import run_cli_locally
     from nodescale.doctor.facts import VERDICT_VARIABLE
+    from nodescale.launch.schedulers.local_launcher import run_cli_locally
 
     argv = ["doctor", "--timeout", repr(timeout_s), "--backend", backend]
     argv += ["--out", str(out)] if out is not None else []

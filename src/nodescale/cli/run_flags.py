@@ -11,9 +11,9 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from nodescale.config.load import parse_assignment
+from nodescale.config.load import field_description, parse_assignment
 from nodescale.config.schema import RunConfig
-from nodescale.errors import UserError
+from nodescale.config.strategy import another_strategys_key
 
 
 @dataclass(frozen=True)
@@ -74,15 +74,6 @@ FLAGS = (
 FLAG_NAMES = {flag.key: flag.name for flag in FLAGS}
 
 
-def describe(key: str) -> str:
-    """The schema's description of a dotted key."""
-    model: Any = RunConfig
-    *sections, name = key.split(".")
-    for section in sections:
-        model = model.model_fields[section].annotation
-    return model.model_fields[name].description or ""
-
-
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """Add ``--config``, every run flag and ``--set`` to ``parser``."""
     parser.add_argument("--config", metavar="FILE", help="YAML configuration (flags override it)")
@@ -90,10 +81,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         dest = flag.key.replace(".", "__")
         if flag.switch is None:
             parser.add_argument(flag.name, dest=dest, metavar=flag.name.strip("-").split("-")[-1].upper(),
-                                help=flag.help or describe(flag.key))
+                                help=flag.help or field_description(flag.key))
         else:
             parser.add_argument(flag.name, dest=dest, action="store_const", const=flag.switch,
-                                help=flag.help or describe(flag.key))
+                                help=flag.help or field_description(flag.key))
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help="set any configuration key, e.g. --set optim.weight_decay=0.05 (repeatable)")
 
@@ -116,13 +107,10 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 
     # Errors name the flag only for values that came from a flag, not from --set or YAML.
     typed = {key: FLAG_NAMES[key] for key in _flag_values(args)}
-    cfg = load_config(args.config, overrides_from(args), typed)
-    _refuse_typed_sharding_without_fsdp(cfg, typed)
+    overrides = overrides_from(args)
+    cfg = load_config(args.config, overrides, typed)
+    for key in typed:  # a strategy flag typed for a strategy without it, even at its default (--sharding full)
+        section, _, name = key.partition(".")
+        if section == "strategy" and name not in type(cfg.strategy).model_fields:
+            raise another_strategys_key(cfg.strategy.name, name, overrides[key], typed[key])
     return with_absolute_inputs(cfg)
-
-
-def _refuse_typed_sharding_without_fsdp(cfg: RunConfig, typed: dict[str, str]) -> None:
-    """``--sharding full`` with another strategy: the schema cannot tell it from the default, the flag can."""
-    if "strategy.sharding" in typed and cfg.strategy.name != "fsdp":
-        raise UserError(f"--sharding {cfg.strategy.sharding} with strategy {cfg.strategy.name!r}",
-                        "--sharding applies to --strategy fsdp", "use --strategy fsdp, or drop --sharding")

@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 
 from nodescale.cli.run_flags import add_run_flags, resolve_config
-from nodescale.config.schema import MULTI_PROCESS_STRATEGIES, RunConfig
+from nodescale.config.schema import RunConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def local_process_count(cfg: RunConfig) -> int:
     """How many local processes ``--nproc`` means: auto is one per GPU, or 2 on CPU (DDP, FSDP, DeepSpeed)."""
-    if cfg.strategy.name not in MULTI_PROCESS_STRATEGIES:
+    if not cfg.strategy.multi_process:
         return 1
     if cfg.strategy.nproc != "auto":
         return int(cfg.strategy.nproc)
@@ -130,9 +130,10 @@ def _check_deepspeed_config(cfg: RunConfig, world_size: int) -> None:
 
 
 def _check_offload_has_an_accelerator(cfg: RunConfig) -> None:
-    if cfg.strategy.cpu_offload == "none":  # the check imports torch (nodescale.strategies): only when it matters
+    offload = getattr(cfg.strategy, "cpu_offload", "none")
+    if offload == "none":  # the check imports torch (nodescale.strategies): only when it matters
         return
     from nodescale.distributed.accelerators import visible_gpus
     from nodescale.strategies.offload import refuse_offload_without_accelerator
 
-    refuse_offload_without_accelerator(cfg.strategy.cpu_offload, visible_gpus() > 0)
+    refuse_offload_without_accelerator(offload, visible_gpus() > 0)

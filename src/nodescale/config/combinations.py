@@ -19,49 +19,11 @@ if TYPE_CHECKING:
 
 
 def check_combinations(cfg: RunConfig) -> None:
-    """Reject combinations that cannot run, each with the fix."""
+    """Reject combinations across sections that cannot run, each with the fix.
+
+    What one strategy's keys allow is its section class's to say (``config.strategy``).
+    """
     strategy = cfg.strategy
-    nproc = strategy.nproc
-    if strategy.name in ("single", "dp") and isinstance(nproc, int) and nproc > 1:
-        raise UserError(
-            f"strategy {strategy.name!r} with nproc {nproc}",
-            f"{strategy.name} runs in one process",
-            "use --strategy ddp for several processes",
-        )
-    if strategy.sync_batchnorm and strategy.name not in ("ddp", "fsdp"):
-        raise UserError(
-            f"sync_batchnorm with strategy {strategy.name!r}",
-            "synchronised BatchNorm is available with ddp and fsdp"
-            + (" (DeepSpeed's engine does not take nodescale's SyncBatchNorm)" if strategy.name == "deepspeed"
-               else " (several processes)"),
-            "use --strategy ddp or fsdp, or drop --sync-batchnorm",
-        )
-    if strategy.sharding != "full" and strategy.name != "fsdp":
-        raise UserError(
-            f"sharding {strategy.sharding!r} with strategy {strategy.name!r}",
-            "--sharding applies to --strategy fsdp",
-            "use --strategy fsdp, or drop --sharding",
-        )
-    deepspeed_only = [name for name, value in (("zero_stage", strategy.zero_stage),
-                                               ("deepspeed_config", strategy.deepspeed_config)) if value is not None]
-    if deepspeed_only and strategy.name != "deepspeed":
-        raise UserError(
-            f"{deepspeed_only[0]} with strategy {strategy.name!r}",
-            "--zero-stage and --deepspeed-config apply to --strategy deepspeed",
-            "use --strategy deepspeed, or drop them (FSDP's --sharding full is ZeRO-3's counterpart)",
-        )
-    if strategy.cpu_offload != "none" and strategy.name not in ("fsdp", "deepspeed"):
-        raise UserError(
-            f"cpu_offload {strategy.cpu_offload!r} with strategy {strategy.name!r}",
-            "CPU offload applies to --strategy fsdp or deepspeed",
-            "use one of them, or drop --cpu-offload",
-        )
-    if strategy.cpu_offload == "optimizer" and strategy.name == "fsdp":
-        raise UserError(
-            "cpu_offload 'optimizer' with strategy 'fsdp'",
-            "FSDP offloads parameters, gradients and optimiser state together",
-            "use --cpu-offload all, or --strategy deepspeed for optimiser-only offload",
-        )
     if strategy.name == "deepspeed" and cfg.checkpoint.format == "full":
         raise UserError(
             "checkpoint format 'full' with strategy 'deepspeed'",

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from nodescale.config.schema import RunConfig
+from nodescale.config.strategy import SECTIONS, error_key
 from nodescale.errors import UserError, did_you_mean
 from nodescale.plugins.refs import absolute_ref
 
@@ -104,7 +105,7 @@ def with_absolute_inputs(cfg: RunConfig, base: Path | None = None) -> RunConfig:
 
     wanted = {
         "data": {"dir": absolute(cfg.data.dir), "name": absolute_ref(cfg.data.name, base)},
-        "strategy": {"deepspeed_config": absolute(cfg.strategy.deepspeed_config)},
+        "strategy": {"deepspeed_config": absolute(getattr(cfg.strategy, "deepspeed_config", None))},
         "model": {"weights": absolute(cfg.model.weights), "name": absolute_ref(cfg.model.name, base)},
         "train": {"loss": absolute_ref(cfg.train.loss, base)},
     }
@@ -128,12 +129,12 @@ def validate(tree: dict[str, Any], flag_names: Mapping[str, str]) -> RunConfig:
 def _readable(exc: ValidationError, flag_names: Mapping[str, str]) -> UserError:
     # Report the first error fully; the user fixes one thing at a time and reruns.
     error = exc.errors()[0]
-    key = ".".join(str(part) for part in error["loc"])
+    key, chosen = error_key(error["loc"])
     shown = flag_names.get(key, key)
     value = error.get("input")
     if error["type"] == "extra_forbidden":
         section_key, _, name = key.rpartition(".")
-        known = _field_names(section_key)
+        known = list(dict.fromkeys(f for model in _section_models(section_key, chosen) for f in model.model_fields))
         guess = did_you_mean(name, known)
         hint = f"did you mean {(section_key + '.' if section_key else '') + guess!r}?" if guess \
             else f"known keys here: {', '.join(known)}"
@@ -151,31 +152,25 @@ def _hint_for(key: str, error: Mapping[str, Any]) -> str:
         choices = [part.strip(" '") for part in expected.replace(" or ", ",").split(",")]
         guess = did_you_mean(str(error.get("input")), choices)
         return f"did you mean {guess!r}?" if guess else f"choose one of: {', '.join(choices)}"
-    description = _field_description(key)
+    description = field_description(key)
     return f"{key} is the {description}" if description else "see `nodescale config show` for valid values"
 
 
-def _section_model(section_key: str) -> type[BaseModel] | None:
-    model: type[BaseModel] = RunConfig
+def _section_models(section_key: str, chosen: str | None = None) -> list[type[BaseModel]]:
+    """The classes of the section at ``section_key``: one, or the strategy section's (``chosen``'s alone)."""
+    models: list[type[BaseModel]] = [RunConfig]
     for part in filter(None, section_key.split(".")):
-        field = model.model_fields.get(part)
-        annotation = field.annotation if field else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return None
-        model = annotation
-    return model
+        fields = [model.model_fields[part] for model in models if part in model.model_fields]
+        options = [arg for field in fields for arg in (get_args(field.annotation) or (field.annotation,))]
+        models = [m for m in options if isinstance(m, type) and issubclass(m, BaseModel)]
+    return [SECTIONS[chosen]] if chosen else models
 
 
-def _field_names(section_key: str) -> list[str]:
-    model = _section_model(section_key)
-    return list(model.model_fields) if model else []
-
-
-def _field_description(key: str) -> str | None:
+def field_description(key: str) -> str | None:
+    """The schema's description of a dotted key (the first strategy's that has it)."""
     section_key, _, name = key.rpartition(".")
-    model = _section_model(section_key)
-    field = model.model_fields.get(name) if model else None
-    return field.description if field else None
+    fields = [model.model_fields[name] for model in _section_models(section_key) if name in model.model_fields]
+    return fields[0].description if fields else None
 
 
 def dump_yaml(cfg: RunConfig) -> str:

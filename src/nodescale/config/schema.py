@@ -17,15 +17,13 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from nodescale.config.combinations import check_combinations
+from nodescale.config.strategy import DDPSection, StrategySection
 from nodescale.data.section import DataSection
 from nodescale.errors import UserError, unknown_choice
 from nodescale.models.section import ModelSection
 from nodescale.section import Section, known_or_plugin
 
 LOSSES = ("auto", "cross_entropy", "mse")
-STRATEGIES = ("single", "dp", "ddp", "fsdp", "deepspeed")
-# Strategies that run one process per device and so start --nproc local processes.
-MULTI_PROCESS_STRATEGIES = ("ddp", "fsdp", "deepspeed")
 
 
 class OptimSection(Section):
@@ -87,68 +85,6 @@ class TrainSection(Section):
         from nodescale.stop_signals import normalise_signal_names
 
         return normalise_signal_names(value)
-
-
-class StrategySection(Section):
-    name: str = Field("ddp", description="parallel strategy: single, dp, ddp, fsdp or deepspeed")
-    nproc: int | Literal["auto"] = Field(
-        "auto", description="local processes to start; auto: one per GPU, or 2 on a CPU-only machine"
-    )
-    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="collective backend; auto: nccl on CUDA")
-    sync_batchnorm: bool = Field(False, description="synchronise BatchNorm statistics across ranks")
-    timeout_s: float = Field(600.0, gt=0, description="collective timeout in seconds")
-    bucket_cap_mb: float | None = Field(
-        None, gt=0, description="DDP gradient bucket size in MB; default: DDP's own (a small first bucket, then 25)"
-    )
-    static_graph: bool = Field(False, description="DDP static_graph (the same parameters used every step)")
-    gradient_as_bucket_view: bool = Field(True, description="DDP gradients as views into buckets (saves memory)")
-    find_unused_parameters: bool = Field(False, description="DDP: allow parameters without gradients")
-    sharding: Literal["full", "grad-op", "hybrid", "none"] = Field(
-        "full", description="FSDP sharding: full (reshard after forward), grad-op (keep parameters gathered until "
-        "backward), hybrid (shard within a node, replicate across nodes), none (replicate)"
-    )
-    zero_stage: int | None = Field(
-        None, ge=0, le=3, description="DeepSpeed ZeRO stage 0-3; default: the --deepspeed-config file's, else 2"
-    )
-    deepspeed_config: Path | None = Field(
-        None, description="DeepSpeed JSON config (ds_config.json); nodescale fills in what it leaves out"
-    )
-    fsdp_units: list[str] = Field(
-        default_factory=list, description="class names of the modules that become FSDP units and activation "
-        "checkpointing blocks (comma-separated); default: the model's own (see docs/training.md)"
-    )
-    cpu_offload: Literal["none", "optimizer", "all"] = Field(
-        "none", description="keep state in host memory: optimizer (DeepSpeed: optimiser state) or all (FSDP: "
-        "parameters, gradients and optimiser; DeepSpeed ZeRO-3: optimiser and parameters); needs a GPU"
-    )
-
-    @field_validator("name")
-    @classmethod
-    def _known_strategy(cls, value: str) -> str:
-        if value not in STRATEGIES:
-            raise unknown_choice("strategy", value, STRATEGIES)
-        return value
-
-    @field_validator("fsdp_units", mode="before")
-    @classmethod
-    def _class_names(cls, value: object) -> list[str]:
-        parts = [p for p in value.split(",") if p.strip()] if isinstance(value, str) else value
-        if not isinstance(parts, (list, tuple)) or not all(str(p).strip().isidentifier() for p in parts):
-            raise UserError(f"strategy.fsdp_units {value!r}", "must be class names, comma-separated",
-                            "e.g. --set strategy.fsdp_units=TransformerBlock,Embeddings")
-        return [str(part).strip() for part in parts]
-
-    @field_validator("nproc", mode="before")
-    @classmethod
-    def _positive_nproc(cls, value: object) -> int | str:
-        # One message for every bad form, instead of pydantic's per-union-member errors.
-        if value == "auto":
-            return "auto"
-        text = str(value).strip()
-        if isinstance(value, bool) or not text.lstrip("-").isdigit() or int(text) < 1:
-            raise UserError(f"nproc {value!r}", "must be a whole number of processes, at least 1, or 'auto'",
-                            "use --nproc 2, or leave it out for one per GPU (2 on CPU)")
-        return int(text)
 
 
 class CheckpointSection(Section):
@@ -255,7 +191,7 @@ class RunConfig(Section):
     data: DataSection = Field(default_factory=DataSection)
     optim: OptimSection = Field(default_factory=OptimSection)
     train: TrainSection = Field(default_factory=TrainSection)
-    strategy: StrategySection = Field(default_factory=StrategySection)
+    strategy: StrategySection = Field(default_factory=DDPSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     observe: ObserveSection = Field(default_factory=ObserveSection)
     out: Path | None = Field(None, description="run directory; default runs/<model>-<dataset>-<time>")

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from nodescale.atomic_files import write_atomic
-from nodescale.errors import UserError
 from nodescale.engine import manifest
+from nodescale.errors import UserError
 
 FORMAT = "nodescale-checkpoint/1"
 TRAINER_FILE = "trainer.pt"  # inside a sharded checkpoint directory

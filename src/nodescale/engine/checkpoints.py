@@ -21,9 +21,9 @@ from torch import nn
 from nodescale.config.schema import RunConfig
 from nodescale.data.epoch_loader import EpochLoader
 from nodescale.distributed.process_group import Runtime, barrier, gather_from_all
+from nodescale.engine import checkpoint_files
 from nodescale.errors import UserError
 from nodescale.strategies.base import Strategy, Updater
-from nodescale.engine import checkpoint_files
 
 
 @dataclass
@@ -68,7 +68,7 @@ def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, pre
     config = cfg.model_dump(mode="json")
     if library:
         if prepared is not None:
-            config["model"]["name"] = model_name(prepared.strategy.unwrap(prepared.model))
+            config["model"]["name"] = model_name(prepared.model)
             config["optim"]["name"] = type(prepared.optimizer).__name__.lower()
         config["data"]["name"] = None
     state: dict[str, Any] = {

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from nodescale.config.schema import RunConfig
+from nodescale.config.strategy import error_key
 from nodescale.errors import UserError
 
 # init()'s name -> (section, key) of RunConfig.
@@ -54,7 +55,7 @@ def run_config(world_size: int, out: str | Path | None, options: dict[str, Any])
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
+        where, _ = error_key(first["loc"])
         inner = first.get("ctx", {}).get("error")
         if isinstance(inner, UserError):
             raise inner from None
@@ -64,7 +65,7 @@ def run_config(world_size: int, out: str | Path | None, options: dict[str, Any])
 
 
 def check_process_count(strategy: Any, env: Any, call: str, hint: str) -> None:
-    """A single-process strategy (single, dp) refused where a launcher started several processes."""
-    if env.world_size > 1 and not strategy.needs_process_group:
+    """A single-process strategy (its section: single, dp) refused where a launcher started several processes."""
+    if env.world_size > 1 and not strategy.multi_process:
         raise UserError(f"{call} under {env.source} with {env.world_size} processes",
                         f"{strategy.name} runs in a single process", f"use {hint}, or start one process")

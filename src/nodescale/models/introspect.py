@@ -26,14 +26,20 @@ from nodescale.models.spec import InputSpec
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's model inside DataParallel, DistributedDataParallel and ``torch.compile`` wrappers."""
+    """The user's model inside the strategies' wrappers (DataParallel, DistributedDataParallel, DeepSpeed's
+    engine; FSDP2 shards in place) and ``torch.compile``'s: the one unwrap of nodescale."""
     while True:
-        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)) or _is_deepspeed_engine(model):
             model = model.module
         elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
             model = model._orig_mod
         else:
             return model
+
+
+def _is_deepspeed_engine(model: nn.Module) -> bool:
+    # By its module's name: deepspeed is imported only when chosen.
+    return type(model).__module__.startswith("deepspeed.") and isinstance(getattr(model, "module", None), nn.Module)
 
 
 def repeated_blocks(model: nn.Module, unit_names: Sequence[str] = ()) -> list[nn.Module]:

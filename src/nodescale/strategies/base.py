@@ -2,9 +2,10 @@
 
 Strategies are siblings (single, dp, ddp, fsdp, deepspeed), not a hierarchy:
 each is one small module holding one class that satisfies this protocol. What the
-torch-native ones share (the optimiser step, ``torch.distributed.checkpoint``
-save and load, the tensor footprint) comes from the ``TorchNative`` mixin;
-DeepSpeed brings its own engine for all of it.
+torch-native ones share (the optimiser step, full state dicts,
+``torch.distributed.checkpoint`` save and load, the tensor footprint) comes from
+the ``TorchNative`` mixin; DeepSpeed brings its own engine for all of it. The plain
+model inside any strategy's wrapper is ``models.introspect.unwrap``'s.
 """
 
 from __future__ import annotations
@@ -66,8 +67,7 @@ class Updater(Protocol):
 
 
 class Strategy(Protocol):
-    name: str
-    needs_process_group: bool
+    name: str  # its section's (which says the rest: whether it needs a process group, its options)
     sharded_layout: str  # what save_sharded writes: "torch-dcp" or "deepspeed"
 
     def wrap(self, model: nn.Module, runtime: Runtime) -> nn.Module:
@@ -75,9 +75,6 @@ class Strategy(Protocol):
 
     def make_updater(self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: RunConfig) -> Updater:
         """The updater for the wrapped ``model`` and its ``optimizer``; its ``model`` is what to train."""
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        """The plain model inside ``model`` (for state dicts and evaluation)."""
 
     def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """``{"model": ..., "optimizer": ...}`` of the plain model, as ``state_dict()`` gives them.
@@ -97,13 +94,3 @@ class Strategy(Protocol):
     def footprint(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Footprint:
         """The bytes of parameters, gradients and optimiser state this rank holds now."""
 
-
-def replicated_state_dict(plain: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The state of a model every rank holds whole (single, dp, ddp): its plain ``state_dict()``s."""
-    return {"model": plain.state_dict(), "optimizer": optimizer.state_dict()}
-
-
-def load_replicated_state_dict(plain: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Load what :func:`replicated_state_dict` gave into a model every rank holds whole."""
-    plain.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])

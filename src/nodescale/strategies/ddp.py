@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any
 
-import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from nodescale.config.schema import StrategySection
+from nodescale.config.strategy import DDPSection
 from nodescale.distributed.process_group import Runtime
 from nodescale.distributed.sync_batchnorm import convert_sync_batchnorm
-from nodescale.strategies.base import load_replicated_state_dict, replicated_state_dict
 from nodescale.strategies.torch_native import TorchNative
 
 
 class DDPStrategy(TorchNative):
-    name = "ddp"
-    needs_process_group = True
+    """The model wrapped in ``DistributedDataParallel`` with the section's bucket and graph options."""
 
-    def __init__(self, cfg: StrategySection) -> None:
-        self.cfg = cfg
+    cfg: DDPSection
 
     def wrap(self, model: nn.Module, runtime: Runtime) -> nn.Module:
         if self.cfg.sync_batchnorm:
@@ -40,14 +35,5 @@ class DDPStrategy(TorchNative):
             find_unused_parameters=self.cfg.find_unused_parameters,
         )
 
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return model.module if isinstance(model, DistributedDataParallel) else model
-
     def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
         return model.no_sync()
-
-    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        return replicated_state_dict(self.unwrap(model), optimizer)
-
-    def load_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        load_replicated_state_dict(self.unwrap(model), optimizer, state)

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from nodescale.config.schema import RunConfig, StrategySection
+from nodescale.config.schema import RunConfig
+from nodescale.config.strategy import DeepSpeedSection
 from nodescale.distributed.process_group import Runtime
 from nodescale.errors import UserError
 from nodescale.models.introspect import has_batchnorm
@@ -91,12 +92,11 @@ class DeepSpeedUpdater:
 
 
 class DeepSpeedStrategy:
-    name = "deepspeed"
-    needs_process_group = True
     sharded_layout = "deepspeed"
 
-    def __init__(self, cfg: StrategySection) -> None:
+    def __init__(self, cfg: DeepSpeedSection, precision: str = "fp32") -> None:
         self.cfg = cfg
+        self.name = cfg.name
         self.engine: Any = None
         self.runtime: Runtime | None = None
         self.stage = 0
@@ -118,9 +118,6 @@ class DeepSpeedStrategy:
             os.environ.setdefault(name, str(value))
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         return DeepSpeedUpdater(self.engine)
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return getattr(model, "module", model)
 
     def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         raise UserError("checkpoint format 'full' with strategy 'deepspeed'", "DeepSpeed writes sharded checkpoints",

@@ -8,20 +8,16 @@ replicas are re-broadcast each forward), so using it warns.
 from __future__ import annotations
 
 import warnings
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any
 
 import torch
 from torch import nn
 
 from nodescale.distributed.process_group import Runtime
-from nodescale.strategies.base import load_replicated_state_dict, replicated_state_dict
 from nodescale.strategies.torch_native import TorchNative
 
 
 class DataParallelStrategy(TorchNative):
-    name = "dp"
-    needs_process_group = False
+    """The model replicated over a node's GPUs by ``nn.DataParallel`` in every forward."""
 
     def wrap(self, model: nn.Module, runtime: Runtime) -> nn.Module:
         warnings.warn(
@@ -33,15 +29,3 @@ class DataParallelStrategy(TorchNative):
             return nn.DataParallel(model)
         warnings.warn("strategy 'dp' found fewer than 2 GPUs; running on one device", stacklevel=2)
         return model
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return model.module if isinstance(model, nn.DataParallel) else model
-
-    def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
-        return nullcontext()
-
-    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        return replicated_state_dict(self.unwrap(model), optimizer)
-
-    def load_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        load_replicated_state_dict(self.unwrap(model), optimizer, state)

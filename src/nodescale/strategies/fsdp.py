@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from nodescale.config.schema import StrategySection
+from nodescale.config.strategy import FSDPSection
 from nodescale.distributed.process_group import Runtime
 from nodescale.distributed.sync_batchnorm import convert_sync_batchnorm
 from nodescale.errors import UserError
@@ -49,13 +49,8 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class FSDPStrategy(TorchNative):
-    name = "fsdp"
-    needs_process_group = True
-
-    def __init__(self, cfg: StrategySection, precision: str = "fp32") -> None:
-        self.cfg = cfg
-        self.precision = precision
-        self.mesh: DeviceMesh | None = None
+    cfg: FSDPSection
+    mesh: DeviceMesh | None = None  # built by wrap
 
     def build_mesh(self, runtime: Runtime) -> DeviceMesh:
         world = runtime.world_size
@@ -104,10 +99,6 @@ class FSDPStrategy(TorchNative):
         if self.precision == "bf16" and not has_batchnorm(model):
             return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         return MixedPrecisionPolicy()
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        # fully_shard changes the module in place; its parameters are DTensors.
-        return model
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
         return _no_gradient_sync(model)

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from nodescale.errors import UserError
 from nodescale.engine import checkpoint_files
+from nodescale.errors import UserError
 
 
 def resolve(path: Path, verified: bool = True) -> Path:

@@ -14,9 +14,9 @@ import torch
 
 from nodescale.config.schema import RunConfig
 from nodescale.data.epoch_loader import EpochLoader
+from nodescale.engine.summary import EvalResult
 from nodescale.models.spec import Task
 from nodescale.train.console import Console
-from nodescale.engine.summary import EvalResult
 from nodescale.train.evaluate import evaluate
 from nodescale.train.loss import LossFn, model_output
 from nodescale.train.step_metrics import StepMetrics

@@ -21,19 +21,19 @@ from nodescale.data.registry import get_format
 from nodescale.distributed.env import DistEnv, detect
 from nodescale.distributed.process_group import Runtime, barrier, start
 from nodescale.engine.settings import check_process_count
+from nodescale.engine.summary import summary_table
 from nodescale.launch.schedulers.local_launcher import current_restart
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
 from nodescale.strategies import make_strategy
 from nodescale.train.build_model import build_for_run
-from nodescale.train.math_settings import configure_math
 from nodescale.train.collective_faults import CollectiveFault, LeftAfterCollectiveFault, end_process_now, explain
 from nodescale.train.console import Console
 from nodescale.train.loop import train
 from nodescale.train.loss import make_loss
+from nodescale.train.math_settings import configure_math
 from nodescale.train.observers import Observers
 from nodescale.train.optim import make_optimizer, make_scheduler
 from nodescale.train.rundir import check_run_dir, default_run_dir
-from nodescale.engine.summary import summary_table
 
 
 def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
@@ -45,8 +45,8 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     env = env or detect()
     strategy = make_strategy(cfg.strategy, cfg.train.precision)
-    check_process_count(strategy, env, f"strategy {cfg.strategy.name!r}", "--strategy ddp")
-    runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=strategy.needs_process_group)
+    check_process_count(cfg.strategy, env, f"strategy {cfg.strategy.name!r}", "--strategy ddp")
+    runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=cfg.strategy.multi_process)
     cfg = _resume_after_restart(cfg.model_copy(update={"out": _agree_run_dir(cfg, runtime)}))
     # Before anything slow: the stop handlers (a signal during start-up is kept until the first
     # step boundary) and the watchdog.

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from nodescale.data.epoch_loader import EpochLoader
-from nodescale.models.spec import Task
 from nodescale.engine.device import current_memory_bytes
+from nodescale.models.spec import Task
 
 if TYPE_CHECKING:
     from nodescale.api import Context
