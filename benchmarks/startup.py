@@ -8,7 +8,7 @@ CPU with the same ``OMP_NUM_THREADS``:
 * ``nodescale``: ``python -m nodescale train --nproc 2 --epochs E --no-progress
   --set checkpoint.at_end=false`` (its own launcher);
 * ``raw``: ``python -m torch.distributed.run --standalone --nproc-per-node 2
-  benchmarks/raw_default.py`` (plain PyTorch DDP, the baseline);
+  benchmarks/raw_ddp.py`` (plain PyTorch DDP, the baseline);
 * ``lightning``: ``python benchmarks/lightning_default.py`` (``Trainer(strategy="ddp")``
   starts the second process itself);
 * ``accelerate``: ``python -m torch.distributed.run --standalone --nproc-per-node 2
@@ -44,13 +44,14 @@ loses time.
 Same work: every run must end with a validation accuracy above 0.9 and rank 0 must have taken
 ``epochs x 23`` optimiser steps (counted by the hook), else the harness stops. Differences that
 remain are listed in the docstrings of the three scripts and in RESULTS.md: the
-frameworks' DataLoaders collate samples one by one, Accelerate shards whole batches (about 2%
-more samples per epoch), nodescale normalises each batch on the fly. Lightning starting its
+frameworks' DataLoaders collate samples one by one and get inputs normalised once, up front
+(nodescale and the raw loop normalise each batch), Accelerate shards whole batches (about 2%
+more samples per epoch). Lightning starting its
 second process only once the first has imported everything and built its Trainer is how
 Lightning starts, and is measured as such. nodescale's end-of-run checkpoint is switched off
 (``checkpoint.at_end=false``) because the other three save none.
 
-    python benchmarks/startup.py                        # 4 repeats x 4 sides, 10 epochs
+    python benchmarks/startup.py                        # 8 repeats x 4 sides, 10 epochs
     python benchmarks/startup.py --repeats 3 --epochs 2 --sides nodescale,raw
 
 Results go to ``benchmarks/results/startup.json`` (``--out`` to change).
@@ -75,10 +76,11 @@ from typing import Any
 
 from rich.table import Table
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from overhead import child_env, machine  # noqa: E402
-from record import stamp, wide_console, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import (  # noqa: E402
+    HERE, PAIRS, child_env, interleave, machine, nodescale_summary, result_line, run_logged, wide_console,
+    write_results,
+)
 
 DEFAULT_OUT = HERE / "results" / "startup.json"
 SIDES = ("nodescale", "raw", "lightning", "accelerate")
@@ -89,7 +91,6 @@ DIGITS_SAMPLES = 1797
 VAL_FRACTION = 0.2
 BATCH_SIZE = 32
 STAMP_VARIABLE = "STARTUP_STAMP_DIR"
-LEFTOVER_WAIT_S = 60.0
 
 # The sitecustomize module the children run with (see the module docstring). Kept free of
 # imports beyond sys, os and time so that it adds nothing measurable to any interpreter's start.
@@ -198,7 +199,6 @@ def torchrun(nproc: int) -> list[str]:
 
 
 def command(side: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
-    result = run_dir / "result.json"
     if side == "nodescale":
         cmd = [sys.executable, "-m", "nodescale", "train", "--nproc", str(args.nproc), "--epochs", str(args.epochs),
                "--out", str(run_dir / "run"), "--no-progress",
@@ -207,55 +207,17 @@ def command(side: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
         if args.nodescale_log_every is not None:
             cmd += ["--log-every", str(args.nodescale_log_every)]
         return cmd
-    if side == "raw":
-        return [*torchrun(args.nproc), str(HERE / "raw_default.py"), "--epochs", str(args.epochs),
-                "--json-out", str(result)]
+    if side == "raw":  # the embedded default job; on the CPU like the two frameworks
+        return [*torchrun(args.nproc), str(HERE / "raw_ddp.py"), "--epochs", str(args.epochs), "--device", "cpu"]
     if side == "lightning":
         return [sys.executable, str(HERE / "lightning_default.py"), "--nproc", str(args.nproc),
-                "--epochs", str(args.epochs), "--json-out", str(result)]
+                "--epochs", str(args.epochs)]
     if side == "accelerate":
-        return [*torchrun(args.nproc), str(HERE / "accelerate_default.py"), "--epochs", str(args.epochs),
-                "--json-out", str(result)]
+        return [*torchrun(args.nproc), str(HERE / "accelerate_default.py"), "--epochs", str(args.epochs)]
     raise ValueError(side)
 
 
 # ---------------------------------------------------------------- running
-def session_members(session: int) -> list[int]:
-    """Processes still in ``session`` (Linux /proc; empty elsewhere)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text.rsplit(")", 1)[-1].split()  # after "(comm)": state ppid pgrp session ...
-        if len(fields) > 3 and fields[3] == str(session):
-            members.append(int(stat.parent.name))
-    return members
-
-
-def run_timed(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float]:
-    """Run ``cmd``; return (unix time just before it started, wall seconds until its session is empty)."""
-    with log.open("w") as handle:
-        handle.write("$ " + shlex.join(cmd) + "\n")
-        handle.flush()
-        launched = time.time()
-        started = time.perf_counter()
-        # A session of its own: a process the command leaves behind (Lightning's second rank
-        # may outlive the first by a moment) is still part of the job's time.
-        proc = subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=HERE.parent,
-                                start_new_session=True)
-        code = proc.wait()
-        deadline = time.perf_counter() + LEFTOVER_WAIT_S
-        while session_members(proc.pid) and time.perf_counter() < deadline:
-            time.sleep(0.01)
-        wall = time.perf_counter() - started
-    if code != 0:
-        tail = "\n".join(log.read_text().splitlines()[-30:])
-        raise RuntimeError(f"exit code {code}: {shlex.join(cmd)}\n{tail}")
-    return launched, wall
-
-
 def read_stamps(stamp_dir: Path) -> dict[int, dict[str, Any]]:
     """Each process's record by pid: its exit record where it wrote one, else its first-step record."""
     records: dict[int, dict[str, Any]] = {}
@@ -269,7 +231,7 @@ def read_stamps(stamp_dir: Path) -> dict[int, dict[str, Any]]:
 def native_first_step(side: str, run_dir: Path) -> tuple[float | None, float, dict[str, Any]]:
     """The side's own first-step stamp (None where it has none), its final validation accuracy, extras."""
     if side == "nodescale":
-        summary = json.loads((run_dir / "run" / "summary.json").read_text())
+        summary = nodescale_summary(run_dir / "run")
         first = None
         for line in (run_dir / "run" / "metrics.jsonl").read_text().splitlines():
             record = json.loads(line)
@@ -279,7 +241,7 @@ def native_first_step(side: str, run_dir: Path) -> tuple[float | None, float, di
         extra = {"global_steps": summary["global_steps"], "epochs_completed": summary["epochs_completed"],
                  "nodescale_wall_seconds": summary["wall_seconds"]}
         return first, summary["val_accuracy"], extra
-    result = json.loads((run_dir / "result.json").read_text())
+    result = result_line(run_dir.with_suffix(".log"))
     extra = {k: result[k] for k in ("steps", "epochs", "backend", "torch_threads", "world_size") if k in result}
     return result["first_step_time"], result["val_accuracy"], extra
 
@@ -291,7 +253,8 @@ def run_side(side: str, repeat: int, position: int, args: argparse.Namespace, wo
     env = child_env(args.threads)
     env[STAMP_VARIABLE] = str(stamp_dir)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir / "stamp"), env.get("PYTHONPATH")) if p)
-    launched, wall = run_timed(command(side, args, run_dir), env, run_dir.with_suffix(".log"))
+    done = run_logged(command(side, args, run_dir), env, run_dir.with_suffix(".log")).check()
+    launched, wall = done.launched, done.wall_seconds
 
     records = read_stamps(stamp_dir)
     rank0 = [r for r in records.values() if r.get("rank") == 0 and r.get("first_step") is not None]
@@ -518,8 +481,8 @@ def checks_table(found: list[dict[str, Any]]) -> Table:
 # ------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=4,
-                        help="runs of each side (default 4: with 4 sides every side takes every position once)")
+    parser.add_argument("--repeats", type=int, default=PAIRS,
+                        help=f"runs of each side (default {PAIRS}: with 4 sides every side takes every position twice)")
     parser.add_argument("--epochs", type=int, default=10, help="epochs of every run (default 10, the embedded default)")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of: {', '.join(SIDES)}")
     parser.add_argument("--nproc", type=int, default=2, help="processes per run, every side (default 2)")
@@ -548,13 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = wide_console(200)
     started = time.perf_counter()
-    info = machine()
+    info = machine("lightning", "accelerate")
     info["uptime_at_start"] = uptime()
-    import accelerate  # versions only: the children import them themselves
-    import lightning
-
-    info["lightning_version"] = lightning.__version__
-    info["accelerate_version"] = accelerate.__version__
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="nodescale-startup-") as tmp:
         workdir = args.keep_logs or Path(tmp)
@@ -565,10 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         # timed run does not pay for a cold page cache that the later ones find warm.
         subprocess.run([sys.executable, "-c", "import torch, lightning, accelerate, nodescale.train.run"],
                        env=child_env(args.threads), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        sides = args.side_list
-        for repeat in range(args.repeats):
-            # Rotate by one per repeat: each side starts each position in turn.
-            order = sides[repeat % len(sides):] + sides[:repeat % len(sides)]
+        for repeat, _, order in interleave(args.repeats, [None], args.side_list):
             for position, side in enumerate(order):
                 run = run_side(side, repeat, position, args, workdir)
                 runs.append(run)
@@ -593,9 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"total time {elapsed:.0f} s; load average at start {fmt_load(info['load_average_at_start'])}, "
                   f"at end {fmt_load(info['load_average_at_end'])}")
 
-    record = {
-        **stamp(),
-        "machine": info,
+    write_results(args.out, info, {
         "nproc": args.nproc,
         "omp_num_threads": args.threads,
         "epochs": args.epochs,
@@ -616,8 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         "cli": cli,
         "runs": [asdict(r) for r in runs],
         "total_seconds": elapsed,
-    }
-    write_results(args.out, record, console)
+    }, console)
     return 0
 
 
