@@ -23,33 +23,13 @@ side. Two figures per run:
   this script's unix time just before it started the command;
 * **whole job**: the command's wall time, until every process of its session has exited.
 
-How "first optimiser step returned" is measured, the same way for all four sides: the
-children run with a ``sitecustomize`` module on ``PYTHONPATH`` (written by this script into its
-working directory) that registers torch's global optimiser post-step hook
-(``torch.optim.optimizer.register_optimizer_step_post_hook``) as soon as ``torch.optim`` is
-imported -- an import hook, so no process imports torch earlier than it would. The hook
-stamps ``time.time()`` after the first ``Optimizer.step`` of each process, with the process's
-``torch.distributed`` rank, and counts the steps; at exit each process writes its record
-(its start time, its ``import torch`` time, the first step and the step count). No side's code
-changes, and the hook costs one Python call per step. Each side also records its own idea of
-the moment (the raw and Accelerate scripts after ``optimizer.step()``, Lightning's first
-``on_train_batch_end``, nodescale's first ``step`` record in ``metrics.jsonl`` when run with
-``--nodescale-log-every 1``); the JSON keeps the difference as a cross-check.
-
-From the same stamps the harness cuts rank 0's start-up into stages (the launcher's
-``import torch``, rank 0's start, its ``import torch``, the rest up to the first step; see
-``STAGES``) and adds up the CPU time of the job's Python processes, to say where a side
-loses time.
-
-Same work: every run must end with a validation accuracy above 0.9 and rank 0 must have taken
-``epochs x 23`` optimiser steps (counted by the hook), else the harness stops. Differences that
-remain are listed in the docstrings of the three scripts and in RESULTS.md: the
-frameworks' DataLoaders collate samples one by one and get inputs normalised once, up front
-(nodescale and the raw loop normalise each batch), Accelerate shards whole batches (about 2%
-more samples per epoch). Lightning starting its
-second process only once the first has imported everything and built its Trainer is how
-Lightning starts, and is measured as such. nodescale's end-of-run checkpoint is switched off
-(``checkpoint.at_end=false``) because the other three save none.
+"First optimiser step returned" is stamped the same way on every side, by torch's global
+optimiser post-step hook, which ``startup_stamp/sitecustomize.py`` registers in every child
+process (no side's code changes); each side's own stamp is kept beside it as a cross-check. From
+the same stamps rank 0's start-up is cut into stages (``STAGES``), and the CPU time of the job's
+Python processes is added up. Every run must reach ``--min-accuracy`` and rank 0 must take
+``epochs x 23`` steps, else the harness stops. The fairness rules and the differences that
+remain: README.md and the three scripts' docstrings.
 
     python benchmarks/startup.py                        # 8 repeats x 4 sides, 10 epochs
     python benchmarks/startup.py --repeats 3 --epochs 2 --sides nodescale,raw
@@ -92,79 +72,6 @@ VAL_FRACTION = 0.2
 BATCH_SIZE = 32
 STAMP_VARIABLE = "STARTUP_STAMP_DIR"
 
-# The sitecustomize module the children run with (see the module docstring). Kept free of
-# imports beyond sys, os and time so that it adds nothing measurable to any interpreter's start.
-STAMP_MODULE = '''\
-"""Written by benchmarks/startup.py: stamps every process's first optimiser step."""
-import os
-import sys
-import time
-
-_DIR = os.environ.get("STARTUP_STAMP_DIR")
-_STATE = {"pid": os.getpid(), "started": time.time(), "torch_import_started": None, "torch_import_ended": None,
-          "first_step": None, "rank": None, "steps": 0}
-
-
-def _write(kind):
-    import json
-
-    _STATE["argv"] = sys.argv[:4]
-    times = os.times()
-    _STATE["cpu_seconds"] = times.user + times.system  # this process's own, up to now
-    with open(os.path.join(_DIR, f"{kind}-{os.getpid()}.json"), "w") as handle:
-        json.dump(_STATE, handle)
-
-
-def _post_step(optimizer, args, kwargs):
-    _STATE["steps"] += 1
-    if _STATE["steps"] == 1:
-        _STATE["first_step"] = time.time()
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            _STATE["rank"] = dist.get_rank()
-        else:
-            _STATE["rank"] = int(os.environ.get("RANK", "-1"))
-        _write("first")  # at once: a process that dies later still leaves its first step
-
-
-class _Finder:
-    """Wraps the loaders of torch (to time its import) and torch.optim.optimizer (to add the hook)."""
-
-    names = ("torch", "torch.optim.optimizer")
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in self.names:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        original = spec.loader.exec_module
-
-        def exec_module(module):
-            if name == "torch":
-                _STATE["torch_import_started"] = time.time()
-            original(module)
-            if name == "torch":
-                _STATE["torch_import_ended"] = time.time()
-            else:
-                module.register_optimizer_step_post_hook(_post_step)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if _DIR:
-    import atexit
-
-    sys.meta_path.insert(0, _Finder())
-    atexit.register(_write, "exit")
-'''
 
 
 @dataclass
@@ -252,7 +159,7 @@ def run_side(side: str, repeat: int, position: int, args: argparse.Namespace, wo
     stamp_dir.mkdir(parents=True)
     env = child_env(args.threads)
     env[STAMP_VARIABLE] = str(stamp_dir)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir / "stamp"), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE / "startup_stamp"), env.get("PYTHONPATH")) if p)
     done = run_logged(command(side, args, run_dir), env, run_dir.with_suffix(".log")).check()
     launched, wall = done.launched, done.wall_seconds
 
@@ -517,8 +424,6 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="nodescale-startup-") as tmp:
         workdir = args.keep_logs or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "stamp").mkdir(exist_ok=True)
-        (workdir / "stamp" / "sitecustomize.py").write_text(STAMP_MODULE)
         # Untimed: load torch, the frameworks and nodescale from disk once, so that the first
         # timed run does not pay for a cold page cache that the later ones find warm.
         subprocess.run([sys.executable, "-c", "import torch, lightning, accelerate, nodescale.train.run"],
