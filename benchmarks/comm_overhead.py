@@ -11,7 +11,7 @@ and converts both to bus bandwidth with nccl-tests' arithmetic (busbw = bytes / 
 GB/s = 1e9 bytes/s). The order alternates per repeat. Target: median busbw ratio
 bench/raw >= 0.95, i.e. the command's timing adds no more than 5% to what it measures.
 
-    python benchmarks/comm_overhead.py                       # 2 processes, 64 MB, 6 repeats
+    python benchmarks/comm_overhead.py                       # 2 processes, 64 MB, 8 repeats
     python benchmarks/comm_overhead.py --nproc 2 --size 16M --repeats 10
 
 On a GPU machine the same job runs on NCCL (the command picks it); the raw loop then
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,10 +31,8 @@ from typing import Any
 
 from rich.table import Table
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from overhead import child_env, machine  # noqa: E402
-from record import stamp, wide_console, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import HERE, PAIRS, child_env, machine, run_logged, wide_console, write_results  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "comm_overhead.json"
 TARGET_RATIO = 0.95
@@ -117,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc", type=int, default=2, help="processes (default 2)")
     parser.add_argument("--size", default="64M", help="message size (default 64M = 64 MiB)")
-    parser.add_argument("--repeats", type=int, default=6, help="alternating raw/bench pairs (default 6)")
+    parser.add_argument("--repeats", type=int, default=PAIRS, help=f"alternating raw/bench pairs (default {PAIRS})")
     parser.add_argument("--warmup", type=int, default=5, help="warm-up calls per measurement (default 5)")
     parser.add_argument("--iters", type=int, default=20, help="timed calls per measurement (default 20)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per process (default 1)")
@@ -131,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         script.write_text(PAIRED)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
                str(script), str(size), str(args.warmup), str(args.iters), str(args.repeats), tmp]
-        result = subprocess.run(cmd, env=child_env(args.threads), capture_output=True, text=True)
-        if result.returncode != 0:
-            console.print(result.stdout[-3000:], result.stderr[-3000:], markup=False)
-            return 1
+        run_logged(cmd, child_env(args.threads), Path(tmp) / "paired.log").check()
         pairs: list[dict[str, Any]] = json.loads((Path(tmp) / "pairs.json").read_text())
     world = pairs[0]["world_size"]
     for pair in pairs:
@@ -155,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("median", "", f"{raw_median:.3f}", f"{bench_median:.3f}", f"{ratio:.3f}", style="bold")
     console.print(table)
     console.print(f"target: median ratio >= {TARGET_RATIO}: " + ("[green]pass[/]" if passed else "[red]fail[/]"))
-    record = {
-        **stamp(),
-        "machine": machine(),
+    write_results(args.out, machine(), {
         "world_size": world,
         "omp_num_threads": args.threads,
         "units": {"busbw_GBps": "GB/s = 1e9 bytes/s, nccl-tests bus bandwidth", "seconds": "per call, slowest rank"},
@@ -168,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "passed": passed,
         "pairs": pairs,
         "total_seconds": time.perf_counter() - started,
-    }
-    write_results(args.out, record, console)
+    }, console)
     return 0
 
 

@@ -1,12 +1,13 @@
 """``raw_ddp.py``'s loop written with nodescale's library calls: what the library face costs a step.
 
-The same model, data, order, optimiser, logging interval and timing as ``raw_ddp.py`` (its
-flags, its result line): only the process group, DDP wrapper, data loading, backward and step
+The same model, data, order, optimiser, logging interval and timing as ``raw_ddp.py`` in its
+timing form (its flags, ``--steps`` required, its result line; constant learning rate, no
+validation): only the process group, DDP wrapper, data loading, backward and step
 go through ``nodescale.init``, ``ctx.prepare``, ``ctx.loader``, ``ctx.backward`` and
 ``ctx.step``. ``overhead.py --face library`` runs it against ``raw_ddp.py``::
 
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        benchmarks/library_ddp.py --model cnn --dataset digits --batch-size 32 --steps 300
+        benchmarks/library_ddp.py --model cnn --dataset digits --batch-size 32 --steps 300 --warmup-steps 5
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from raw_ddp import parse_args, sync, write_result  # noqa: E402
+from raw_ddp import parse_args, sync, timing, write_result  # noqa: E402
 
 import nodescale  # noqa: E402
 from nodescale.config.schema import DataSection, ModelSection  # noqa: E402
@@ -30,6 +31,8 @@ from nodescale.models.registry import build_model  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.steps is None:
+        raise SystemExit("library_ddp.py needs --steps")
     ctx = nodescale.init(seed=args.seed, bucket_cap_mb=args.bucket_cap_mb)
     splits = get_format(args.dataset).load(DataSection(name=args.dataset, image_size=args.image_size,
                                                        samples=args.samples), args.seed)
@@ -62,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
                 break
     sync(ctx.device)
     ctx.barrier()
-    write_result(args, ctx.rank, ctx.world_size, ctx.device, time.perf_counter() - started, timed_samples,
-                 {"face": "library"})
+    timed = timing(time.perf_counter() - started, timed_samples, args.steps - args.warmup_steps, ctx.device)
+    if ctx.rank == 0:
+        write_result(args.json_out, {"side": "library", "model": args.model, "dataset": args.dataset,
+                                     "world_size": ctx.world_size, "steps": step, **timed})
     del model, optimizer
     gc.collect()
     ctx.close()

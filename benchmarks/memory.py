@@ -36,10 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,10 +45,8 @@ from typing import Any
 
 from rich.table import Table
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from overhead import child_env  # noqa: E402
-from record import cpu_model, stamp, wide_console, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import HERE, child_env, machine, nodescale_summary, run_logged, wide_console, write_results  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "memory.json"
 DEFAULT_MODELS = ("resnet18", "vit_small")
@@ -141,27 +135,15 @@ def run_one(model: str, strategy: Strategy, args: argparse.Namespace, workdir: P
         ds_config = workdir / f"{strategy.name}.ds_config.json"
         ds_config.write_text(json.dumps(strategy.deepspeed_config, indent=2) + "\n")
     cmd = train_command(model, strategy, args, run_dir, ds_config)
-    log = workdir / f"{label}.log"
-    started = time.perf_counter()
-    with log.open("w") as handle:
-        handle.write("$ " + shlex.join(cmd) + "\n")
-        handle.flush()
-        proc = subprocess.run(cmd, env=child_env(args.threads), stdout=handle, stderr=subprocess.STDOUT,
-                              cwd=HERE.parent)
-    wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-30:])
-        raise RuntimeError(f"exit code {proc.returncode}: {shlex.join(cmd)}\n{tail}")
-    summary = json.loads((run_dir / "summary.json").read_text())
+    done = run_logged(cmd, child_env(args.threads), workdir / f"{label}.log").check()
+    summary = nodescale_summary(run_dir)
     state = summary.get("state_bytes_per_rank")
-    if summary.get("timing_includes_warmup"):
-        raise RuntimeError(f"{label}: the step time includes the warm-up; use more --steps")
     if not state:
         raise RuntimeError(f"{label}: summary.json has no state_bytes_per_rank (no optimiser step measured)")
     return RunResult(
         model, strategy.name, state["parameter_bytes"], state["gradient_bytes"], state["optimizer_bytes"],
         state["total_bytes"], state["total_bytes_by_rank"], summary["peak_memory_bytes"],
-        summary["peak_memory_kind"], summary["step_seconds"], wall,
+        summary["peak_memory_kind"], summary["step_seconds"], done.wall_seconds,
     )
 
 
@@ -200,28 +182,6 @@ def results_table(rows: list[dict[str, Any]], nproc: int, precision: str) -> Tab
     return table
 
 
-def machine() -> dict[str, Any]:
-    import torch  # versions only; the runs import it themselves
-
-    cpu = cpu_model()
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        deepspeed = version("deepspeed")
-    except PackageNotFoundError:
-        deepspeed = None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {
-        "cpu": cpu,
-        "cores": cores,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "torch_version": torch.__version__,
-        "deepspeed_version": deepspeed,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-    }
-
-
 # ------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -256,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     models = [m for m in args.models.split(",") if m]
     strategies = [STRATEGIES[name] for name in args.strategies.split(",")]
     started = time.perf_counter()
-    info = machine()
+    info = machine("deepspeed")
     runs: list[RunResult] = []
     with tempfile.TemporaryDirectory(prefix="nodescale-memory-") as tmp:
         workdir = args.keep_logs or Path(tmp)
@@ -272,9 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     console.print(f"total time {elapsed:.0f} s")
 
-    record = {
-        **stamp(),
-        "machine": info,
+    write_results(args.out, info, {
         "nproc": args.nproc,
         "omp_num_threads": args.threads,
         "run": {"dataset": "synthetic", "image_size": 32, "optimizer": "adamw", "precision": args.precision,
@@ -288,8 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "description": s.description} for s in strategies},
         "results": rows,
         "total_seconds": elapsed,
-    }
-    write_results(args.out, record, console)
+    }, console)
     return 0
 
 

@@ -14,7 +14,7 @@ of summary.json) plus the monitor thread's CPU time (``monitor.sampler_cpu_secon
 fraction of the run's training time ("accounted cost"). That figure is precise; it leaves out
 what cannot be attributed (a thread's effect on the main thread's caches, say).
 
-    python benchmarks/observe_overhead.py                     # both cases, 4 repeats
+    python benchmarks/observe_overhead.py                     # both cases, 8 repeats
     python benchmarks/observe_overhead.py --cases cnn-digits --repeats 6
 
 Results go to ``benchmarks/results/observe_overhead.json`` (``--out`` to change).
@@ -23,7 +23,6 @@ Results go to ``benchmarks/results/observe_overhead.json`` (``--out`` to change)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -34,10 +33,12 @@ from typing import Any
 
 from rich.table import Table
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from overhead import CASES, Case, child_env, machine, nodescale_command, run_logged  # noqa: E402
-from record import stamp, wide_console, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import (  # noqa: E402
+    HERE, PAIRS, child_env, compare, interleave, machine, nodescale_summary, run_logged, span, wide_console,
+    write_results,
+)
+from overhead import CASES, Case, nodescale_command  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "observe_overhead.json"
 TARGET_RATIO = 1.01
@@ -69,10 +70,8 @@ def run_side(side: str, case: Case, repeat: int, args: argparse.Namespace, workd
     cmd = nodescale_command(case, args.nproc, run_dir)
     if side == "observed":
         cmd += observe_flags(args.monitor_interval)
-    run_logged(cmd, child_env(args.threads), workdir / f"{side}-{case.name}-{repeat}.log")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    if summary.get("timing_includes_warmup"):
-        raise RuntimeError(f"{case.name}: the warm-up was timed too; use more --steps")
+    run_logged(cmd, child_env(args.threads), workdir / f"{side}-{case.name}-{repeat}.log").check()
+    summary = nodescale_summary(run_dir)
     monitor_rows = sum(len(path.read_text().splitlines()) - 1 for path in run_dir.glob("monitor/*.csv"))
     events = len(list(run_dir.glob("tensorboard/events.out.tfevents.*")))
     if side == "observed" and (monitor_rows < 1 or events < 1):
@@ -84,23 +83,13 @@ def run_side(side: str, case: Case, repeat: int, args: argparse.Namespace, workd
 
 
 def summarise(case: Case, runs: list[Run]) -> dict[str, Any]:
-    plain = [r.step_seconds for r in runs if r.side == "plain"]
-    observed = [r.step_seconds for r in runs if r.side == "observed"]
-    by_repeat = {r.repeat: r.step_seconds for r in runs if r.side == "plain"}
-    paired = [r.step_seconds / by_repeat[r.repeat] for r in runs if r.side == "observed" and r.repeat in by_repeat]
+    ms = {side: {r.repeat: r.step_seconds * 1e3 for r in runs if r.side == side} for side in ("plain", "observed")}
+    found = compare("plain", ms["plain"], "observed", ms["observed"], "step_ms")
     like_for_like = len({(r.timed_steps, r.timed_samples) for r in runs}) == 1
-    ratio = statistics.median(observed) / statistics.median(plain)
     return {
         "case": case.name,
         "description": case.description,
-        "plain_step_ms": [s * 1e3 for s in plain],
-        "observed_step_ms": [s * 1e3 for s in observed],
-        "plain_step_ms_median": statistics.median(plain) * 1e3,
-        "observed_step_ms_median": statistics.median(observed) * 1e3,
-        "ratio": ratio,
-        "ratio_of_minima": min(observed) / min(plain),
-        "paired_ratios": paired,
-        "observed_slower_pairs": sum(r > 1.0 for r in paired),
+        **found,
         "monitor_rows_per_run": [r.monitor_samples for r in runs if r.side == "observed"],
         # The cost as the observed runs accounted it: precise where whole-run timings are noise.
         "accounted_fraction": statistics.median((r.logger_seconds + r.sampler_cpu_seconds) / r.train_seconds
@@ -109,7 +98,7 @@ def summarise(case: Case, runs: list[Run]) -> dict[str, Any]:
         "sampler_cpu_ms_per_run": [r.sampler_cpu_seconds * 1e3 for r in runs if r.side == "observed"],
         "target_ratio": TARGET_RATIO,
         "like_for_like": like_for_like,
-        "passed": like_for_like and ratio <= TARGET_RATIO,
+        "passed": like_for_like and found["ratio"] <= TARGET_RATIO,
     }
 
 
@@ -125,7 +114,7 @@ def table(summaries: list[dict[str, Any]], args: argparse.Namespace) -> Table:
             s["case"], f"{s['plain_step_ms_median']:.2f}", f"{s['observed_step_ms_median']:.2f}", f"{s['ratio']:.3f}",
             f"<= {s['target_ratio']:.2f}",
             "[green]pass[/]" if s["passed"] else "[red]fail[/]" if s["like_for_like"] else "[red]invalid[/]",
-            f"{min(s['paired_ratios']):.3f}-{max(s['paired_ratios']):.3f}",
+            span(s["paired_ratios"]),
             f"{s['observed_slower_pairs']}/{len(s['paired_ratios'])} pairs", f"{s['ratio_of_minima']:.3f}",
             f"{s['accounted_fraction']:.2%}",
         )
@@ -134,7 +123,7 @@ def table(summaries: list[dict[str, Any]], args: argparse.Namespace) -> Table:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=4, help="runs of each side per case (default 4)")
+    parser.add_argument("--repeats", type=int, default=PAIRS, help=f"runs of each side per case (default {PAIRS})")
     parser.add_argument("--steps", type=int, default=None, help="optimiser steps per run (default: per case)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--nproc", type=int, default=2, help="processes per run (default 2)")
@@ -161,19 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="nodescale-observe-") as tmp:
         workdir = args.keep_logs or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        for repeat in range(args.repeats):
-            for case in cases:
-                sides = ["plain", "observed"] if repeat % 2 == 0 else ["observed", "plain"]  # drift favours neither
-                for side in sides:
-                    run = run_side(side, case, repeat, args, workdir)
-                    runs.append(run)
-                    console.print(f"repeat {repeat + 1}/{args.repeats}  {case.name:<22} {side:<9} "
-                                  f"{run.step_seconds * 1e3:9.2f} ms/step  monitor rows {run.monitor_samples}")
+        for repeat, case, sides in interleave(args.repeats, cases, ["plain", "observed"]):
+            for side in sides:
+                run = run_side(side, case, repeat, args, workdir)
+                runs.append(run)
+                console.print(f"repeat {repeat + 1}/{args.repeats}  {case.name:<22} {side:<9} "
+                              f"{run.step_seconds * 1e3:9.2f} ms/step  monitor rows {run.monitor_samples}")
     summaries = [summarise(case, [r for r in runs if r.case == case.name]) for case in cases]
     console.print(table(summaries, args))
-    record = {
-        **stamp(),
-        "machine": info,
+    write_results(args.out, info, {
         "nproc": args.nproc,
         "omp_num_threads": args.threads,
         "monitor_interval_s": args.monitor_interval,
@@ -181,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases": summaries,
         "runs": [asdict(r) for r in runs],
         "total_seconds": time.perf_counter() - started,
-    }
-    write_results(args.out, record, console)
+    }, console)
     return 0
 
 

@@ -28,7 +28,7 @@ What it does, and why each choice is the fast one:
   step, with no host synchronisation in between (the host clock around it is reported too).
   On the CPU, ``time.perf_counter``.
 
-It prints one JSON line prefixed ``RAW_THROUGHPUT_RESULT`` and, with ``--json-out``, writes
+It prints one JSON line prefixed ``RESULT`` and, with ``--json-out``, writes
 the same object to a file. It imports nothing from nodescale unless the model comes from
 nodescale.
 """
@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-RESULT_PREFIX = "RAW_THROUGHPUT_RESULT "
+RESULT_PREFIX = "RESULT "
 MODELS = ("resnet50", "vit_b16")
 CNN_MODELS = ("resnet50",)
 TORCHVISION_NAMES = {"resnet50": "resnet50", "vit_b16": "vit_b_16"}

@@ -8,7 +8,7 @@ CPU with the same ``OMP_NUM_THREADS``:
 * ``nodescale``: ``python -m nodescale train --nproc 2 --epochs E --no-progress
   --set checkpoint.at_end=false`` (its own launcher);
 * ``raw``: ``python -m torch.distributed.run --standalone --nproc-per-node 2
-  benchmarks/raw_default.py`` (plain PyTorch DDP, the baseline);
+  benchmarks/raw_ddp.py`` (plain PyTorch DDP, the baseline);
 * ``lightning``: ``python benchmarks/lightning_default.py`` (``Trainer(strategy="ddp")``
   starts the second process itself);
 * ``accelerate``: ``python -m torch.distributed.run --standalone --nproc-per-node 2
@@ -23,34 +23,15 @@ side. Two figures per run:
   this script's unix time just before it started the command;
 * **whole job**: the command's wall time, until every process of its session has exited.
 
-How "first optimiser step returned" is measured, the same way for all four sides: the
-children run with a ``sitecustomize`` module on ``PYTHONPATH`` (written by this script into its
-working directory) that registers torch's global optimiser post-step hook
-(``torch.optim.optimizer.register_optimizer_step_post_hook``) as soon as ``torch.optim`` is
-imported -- an import hook, so no process imports torch earlier than it would. The hook
-stamps ``time.time()`` after the first ``Optimizer.step`` of each process, with the process's
-``torch.distributed`` rank, and counts the steps; at exit each process writes its record
-(its start time, its ``import torch`` time, the first step and the step count). No side's code
-changes, and the hook costs one Python call per step. Each side also records its own idea of
-the moment (the raw and Accelerate scripts after ``optimizer.step()``, Lightning's first
-``on_train_batch_end``, nodescale's first ``step`` record in ``metrics.jsonl`` when run with
-``--nodescale-log-every 1``); the JSON keeps the difference as a cross-check.
+"First optimiser step returned" is stamped the same way on every side, by torch's global
+optimiser post-step hook, which ``startup_stamp/sitecustomize.py`` registers in every child
+process (no side's code changes); each side's own stamp is kept beside it as a cross-check. From
+the same stamps rank 0's start-up is cut into stages (``STAGES``), and the CPU time of the job's
+Python processes is added up. Every run must reach ``--min-accuracy`` and rank 0 must take
+``epochs x 23`` steps, else the harness stops. The fairness rules and the differences that
+remain: README.md and the three scripts' docstrings.
 
-From the same stamps the harness cuts rank 0's start-up into stages (the launcher's
-``import torch``, rank 0's start, its ``import torch``, the rest up to the first step; see
-``STAGES``) and adds up the CPU time of the job's Python processes, to say where a side
-loses time.
-
-Same work: every run must end with a validation accuracy above 0.9 and rank 0 must have taken
-``epochs x 23`` optimiser steps (counted by the hook), else the harness stops. Differences that
-remain are listed in the docstrings of the three scripts and in RESULTS.md: the
-frameworks' DataLoaders collate samples one by one, Accelerate shards whole batches (about 2%
-more samples per epoch), nodescale normalises each batch on the fly. Lightning starting its
-second process only once the first has imported everything and built its Trainer is how
-Lightning starts, and is measured as such. nodescale's end-of-run checkpoint is switched off
-(``checkpoint.at_end=false``) because the other three save none.
-
-    python benchmarks/startup.py                        # 4 repeats x 4 sides, 10 epochs
+    python benchmarks/startup.py                        # 8 repeats x 4 sides, 10 epochs
     python benchmarks/startup.py --repeats 3 --epochs 2 --sides nodescale,raw
 
 Results go to ``benchmarks/results/startup.json`` (``--out`` to change).
@@ -75,10 +56,11 @@ from typing import Any
 
 from rich.table import Table
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from overhead import child_env, machine  # noqa: E402
-from record import stamp, wide_console, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import (  # noqa: E402
+    HERE, PAIRS, child_env, interleave, machine, nodescale_summary, result_line, run_logged, wide_console,
+    write_results,
+)
 
 DEFAULT_OUT = HERE / "results" / "startup.json"
 SIDES = ("nodescale", "raw", "lightning", "accelerate")
@@ -89,81 +71,7 @@ DIGITS_SAMPLES = 1797
 VAL_FRACTION = 0.2
 BATCH_SIZE = 32
 STAMP_VARIABLE = "STARTUP_STAMP_DIR"
-LEFTOVER_WAIT_S = 60.0
 
-# The sitecustomize module the children run with (see the module docstring). Kept free of
-# imports beyond sys, os and time so that it adds nothing measurable to any interpreter's start.
-STAMP_MODULE = '''\
-"""Written by benchmarks/startup.py: stamps every process's first optimiser step."""
-import os
-import sys
-import time
-
-_DIR = os.environ.get("STARTUP_STAMP_DIR")
-_STATE = {"pid": os.getpid(), "started": time.time(), "torch_import_started": None, "torch_import_ended": None,
-          "first_step": None, "rank": None, "steps": 0}
-
-
-def _write(kind):
-    import json
-
-    _STATE["argv"] = sys.argv[:4]
-    times = os.times()
-    _STATE["cpu_seconds"] = times.user + times.system  # this process's own, up to now
-    with open(os.path.join(_DIR, f"{kind}-{os.getpid()}.json"), "w") as handle:
-        json.dump(_STATE, handle)
-
-
-def _post_step(optimizer, args, kwargs):
-    _STATE["steps"] += 1
-    if _STATE["steps"] == 1:
-        _STATE["first_step"] = time.time()
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            _STATE["rank"] = dist.get_rank()
-        else:
-            _STATE["rank"] = int(os.environ.get("RANK", "-1"))
-        _write("first")  # at once: a process that dies later still leaves its first step
-
-
-class _Finder:
-    """Wraps the loaders of torch (to time its import) and torch.optim.optimizer (to add the hook)."""
-
-    names = ("torch", "torch.optim.optimizer")
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in self.names:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        original = spec.loader.exec_module
-
-        def exec_module(module):
-            if name == "torch":
-                _STATE["torch_import_started"] = time.time()
-            original(module)
-            if name == "torch":
-                _STATE["torch_import_ended"] = time.time()
-            else:
-                module.register_optimizer_step_post_hook(_post_step)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if _DIR:
-    import atexit
-
-    sys.meta_path.insert(0, _Finder())
-    atexit.register(_write, "exit")
-'''
 
 
 @dataclass
@@ -198,7 +106,6 @@ def torchrun(nproc: int) -> list[str]:
 
 
 def command(side: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
-    result = run_dir / "result.json"
     if side == "nodescale":
         cmd = [sys.executable, "-m", "nodescale", "train", "--nproc", str(args.nproc), "--epochs", str(args.epochs),
                "--out", str(run_dir / "run"), "--no-progress",
@@ -207,55 +114,17 @@ def command(side: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
         if args.nodescale_log_every is not None:
             cmd += ["--log-every", str(args.nodescale_log_every)]
         return cmd
-    if side == "raw":
-        return [*torchrun(args.nproc), str(HERE / "raw_default.py"), "--epochs", str(args.epochs),
-                "--json-out", str(result)]
+    if side == "raw":  # the embedded default job; on the CPU like the two frameworks
+        return [*torchrun(args.nproc), str(HERE / "raw_ddp.py"), "--epochs", str(args.epochs), "--device", "cpu"]
     if side == "lightning":
         return [sys.executable, str(HERE / "lightning_default.py"), "--nproc", str(args.nproc),
-                "--epochs", str(args.epochs), "--json-out", str(result)]
+                "--epochs", str(args.epochs)]
     if side == "accelerate":
-        return [*torchrun(args.nproc), str(HERE / "accelerate_default.py"), "--epochs", str(args.epochs),
-                "--json-out", str(result)]
+        return [*torchrun(args.nproc), str(HERE / "accelerate_default.py"), "--epochs", str(args.epochs)]
     raise ValueError(side)
 
 
 # ---------------------------------------------------------------- running
-def session_members(session: int) -> list[int]:
-    """Processes still in ``session`` (Linux /proc; empty elsewhere)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        fields = text.rsplit(")", 1)[-1].split()  # after "(comm)": state ppid pgrp session ...
-        if len(fields) > 3 and fields[3] == str(session):
-            members.append(int(stat.parent.name))
-    return members
-
-
-def run_timed(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, float]:
-    """Run ``cmd``; return (unix time just before it started, wall seconds until its session is empty)."""
-    with log.open("w") as handle:
-        handle.write("$ " + shlex.join(cmd) + "\n")
-        handle.flush()
-        launched = time.time()
-        started = time.perf_counter()
-        # A session of its own: a process the command leaves behind (Lightning's second rank
-        # may outlive the first by a moment) is still part of the job's time.
-        proc = subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=HERE.parent,
-                                start_new_session=True)
-        code = proc.wait()
-        deadline = time.perf_counter() + LEFTOVER_WAIT_S
-        while session_members(proc.pid) and time.perf_counter() < deadline:
-            time.sleep(0.01)
-        wall = time.perf_counter() - started
-    if code != 0:
-        tail = "\n".join(log.read_text().splitlines()[-30:])
-        raise RuntimeError(f"exit code {code}: {shlex.join(cmd)}\n{tail}")
-    return launched, wall
-
-
 def read_stamps(stamp_dir: Path) -> dict[int, dict[str, Any]]:
     """Each process's record by pid: its exit record where it wrote one, else its first-step record."""
     records: dict[int, dict[str, Any]] = {}
@@ -269,7 +138,7 @@ def read_stamps(stamp_dir: Path) -> dict[int, dict[str, Any]]:
 def native_first_step(side: str, run_dir: Path) -> tuple[float | None, float, dict[str, Any]]:
     """The side's own first-step stamp (None where it has none), its final validation accuracy, extras."""
     if side == "nodescale":
-        summary = json.loads((run_dir / "run" / "summary.json").read_text())
+        summary = nodescale_summary(run_dir / "run")
         first = None
         for line in (run_dir / "run" / "metrics.jsonl").read_text().splitlines():
             record = json.loads(line)
@@ -279,7 +148,7 @@ def native_first_step(side: str, run_dir: Path) -> tuple[float | None, float, di
         extra = {"global_steps": summary["global_steps"], "epochs_completed": summary["epochs_completed"],
                  "nodescale_wall_seconds": summary["wall_seconds"]}
         return first, summary["val_accuracy"], extra
-    result = json.loads((run_dir / "result.json").read_text())
+    result = result_line(run_dir.with_suffix(".log"))
     extra = {k: result[k] for k in ("steps", "epochs", "backend", "torch_threads", "world_size") if k in result}
     return result["first_step_time"], result["val_accuracy"], extra
 
@@ -290,8 +159,9 @@ def run_side(side: str, repeat: int, position: int, args: argparse.Namespace, wo
     stamp_dir.mkdir(parents=True)
     env = child_env(args.threads)
     env[STAMP_VARIABLE] = str(stamp_dir)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir / "stamp"), env.get("PYTHONPATH")) if p)
-    launched, wall = run_timed(command(side, args, run_dir), env, run_dir.with_suffix(".log"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE / "startup_stamp"), env.get("PYTHONPATH")) if p)
+    done = run_logged(command(side, args, run_dir), env, run_dir.with_suffix(".log")).check()
+    launched, wall = done.launched, done.wall_seconds
 
     records = read_stamps(stamp_dir)
     rank0 = [r for r in records.values() if r.get("rank") == 0 and r.get("first_step") is not None]
@@ -518,8 +388,8 @@ def checks_table(found: list[dict[str, Any]]) -> Table:
 # ------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=4,
-                        help="runs of each side (default 4: with 4 sides every side takes every position once)")
+    parser.add_argument("--repeats", type=int, default=PAIRS,
+                        help=f"runs of each side (default {PAIRS}: with 4 sides every side takes every position twice)")
     parser.add_argument("--epochs", type=int, default=10, help="epochs of every run (default 10, the embedded default)")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of: {', '.join(SIDES)}")
     parser.add_argument("--nproc", type=int, default=2, help="processes per run, every side (default 2)")
@@ -548,27 +418,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = wide_console(200)
     started = time.perf_counter()
-    info = machine()
+    info = machine("lightning", "accelerate")
     info["uptime_at_start"] = uptime()
-    import accelerate  # versions only: the children import them themselves
-    import lightning
-
-    info["lightning_version"] = lightning.__version__
-    info["accelerate_version"] = accelerate.__version__
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="nodescale-startup-") as tmp:
         workdir = args.keep_logs or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "stamp").mkdir(exist_ok=True)
-        (workdir / "stamp" / "sitecustomize.py").write_text(STAMP_MODULE)
         # Untimed: load torch, the frameworks and nodescale from disk once, so that the first
         # timed run does not pay for a cold page cache that the later ones find warm.
         subprocess.run([sys.executable, "-c", "import torch, lightning, accelerate, nodescale.train.run"],
                        env=child_env(args.threads), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        sides = args.side_list
-        for repeat in range(args.repeats):
-            # Rotate by one per repeat: each side starts each position in turn.
-            order = sides[repeat % len(sides):] + sides[:repeat % len(sides)]
+        for repeat, _, order in interleave(args.repeats, [None], args.side_list):
             for position, side in enumerate(order):
                 run = run_side(side, repeat, position, args, workdir)
                 runs.append(run)
@@ -593,9 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"total time {elapsed:.0f} s; load average at start {fmt_load(info['load_average_at_start'])}, "
                   f"at end {fmt_load(info['load_average_at_end'])}")
 
-    record = {
-        **stamp(),
-        "machine": info,
+    write_results(args.out, info, {
         "nproc": args.nproc,
         "omp_num_threads": args.threads,
         "epochs": args.epochs,
@@ -616,8 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         "cli": cli,
         "runs": [asdict(r) for r in runs],
         "total_seconds": elapsed,
-    }
-    write_results(args.out, record, console)
+    }, console)
     return 0
 
 
