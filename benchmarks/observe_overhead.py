@@ -35,7 +35,16 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402
-    HERE, PAIRS, child_env, compare, interleave, machine, nodescale_summary, run_logged, span, wide_console,
+    HERE,
+    PAIRS,
+    child_env,
+    compare,
+    interleave,
+    machine,
+    nodescale_summary,
+    run_logged,
+    span,
+    wide_console,
     write_results,
 )
 from overhead import CASES, Case, nodescale_command  # noqa: E402

@@ -37,8 +37,18 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402
-    HERE, PAIRS, child_env, compare, interleave, machine, nodescale_summary, result_line, run_logged, span,
-    wide_console, write_results,
+    HERE,
+    PAIRS,
+    child_env,
+    compare,
+    interleave,
+    machine,
+    nodescale_summary,
+    result_line,
+    run_logged,
+    span,
+    wide_console,
+    write_results,
 )
 
 RAW_SCRIPT = HERE / "raw_ddp.py"

@@ -58,7 +58,15 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (  # noqa: E402
-    HERE, PAIRS, child_env, interleave, machine, nodescale_summary, result_line, run_logged, wide_console,
+    HERE,
+    PAIRS,
+    child_env,
+    interleave,
+    machine,
+    nodescale_summary,
+    result_line,
+    run_logged,
+    wide_console,
     write_results,
 )
 

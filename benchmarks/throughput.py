@@ -37,8 +37,19 @@ from rich.markup import escape
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import HERE, child_env, interleave, machine, run_logged, wide_console, write_results  # noqa: E402
 from throughput_results import (  # noqa: E402
-    SIDES, TARGET_RATIO, UNITS, VIT_PATCH, against_reference, device_facts, fmt, nodescale_figures, raw_figures,
-    reference_row, results_table, summarise, training_flops,
+    SIDES,
+    TARGET_RATIO,
+    UNITS,
+    VIT_PATCH,
+    against_reference,
+    device_facts,
+    fmt,
+    nodescale_figures,
+    raw_figures,
+    reference_row,
+    results_table,
+    summarise,
+    training_flops,
 )
 
 RAW_SCRIPT = HERE / "raw_throughput.py"
