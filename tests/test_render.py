@@ -274,10 +274,11 @@ def test_preset_directive_with_newline_is_refused() -> None:
 # --- the port rule in shell ------------------------------------------------------------------------
 
 
-def test_port_function_matches_port_for_job() -> None:
+def test_the_scripts_port_program_matches_port_for_job() -> None:
     ids = ["1", "1234", "14999", "15000", "29999", "0123", "1234.desched1", "1234[5].server", "1234[].server",
            "987654321[17].pbs01", "  4242 ", "4242_7", "", "   ", "abc.server", "job-x"]
-    program = "\n".join([*shell.port_function(), *(f"nodescale_port {shell.quote(i)}" for i in ids)])
+    # As the script runs it: a python3 one-liner in a shell word, the job id as its argument.
+    program = "\n".join(f"python3 -c {shell.quote(shell.port_program())} {shell.quote(i)}" for i in ids)
     result = subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True)
     assert [int(p) for p in result.stdout.split()] == [port_for_job(i) for i in ids]
 

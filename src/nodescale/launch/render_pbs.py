@@ -33,8 +33,7 @@ _HEAD = [
 ]
 
 _WHY_HEAD = [
-    "# PBS lists the job's hosts in $PBS_NODEFILE, the first node first. Its name is resolved",
-    "# to IPv4 here, on a compute node: names need not resolve the same way on the login node.",
+    "# $PBS_NODEFILE lists the hosts, the first first; resolved here: the login node may resolve names otherwise.",
 ]
 
 # Rank variables of the supported mpiexec flavours, first match wins: PALS, MPICH, Open MPI.
@@ -143,11 +142,9 @@ def run_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[list[
     lead = spec.stop_warning_s
     timer_at = walltime_seconds(spec.time) - lead
     why = [
-        "# Preemption and wall time: PBS warns no one before the wall time, so this script sends",
-        f"# itself {requeue.SIGNAL} {lead} s before it; `qsig -s {requeue.SIGNAL} JOBID` does the same at any time.",
-        "# The trap passes it on to mpiexec, which passes it on to the processes it started. The ranks",
-        "# stop at the next step boundary, checkpoint and exit; the job is then rerun with qrerun",
-        "# (a `nodescale train --out DIR --resume` command continues).",
+        f"# Preemption and wall time: PBS warns no one, so the script sends itself {requeue.SIGNAL} {lead} s before "
+        f"the end (`qsig -s {requeue.SIGNAL} JOBID`",
+        "# at any time); mpiexec passes it on, the ranks checkpoint and exit, qrerun reruns the job (--resume).",
     ]
     # Its output goes nowhere and it is stopped after the launch: it must not keep the job's output open.
     timer = [f"( sleep {timer_at} && kill -{requeue.SIGNAL} $$ ) >/dev/null 2>&1 &", "timer_pid=$!"]
@@ -165,8 +162,7 @@ def run_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[list[
 def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[str]:
     """The comment and the ``mpiexec`` line that start the job's processes, by mode."""
     nodes, nproc = spec.nodes, spec.nproc_per_node
-    why = ["# CPU binding is off unless the preset sets one: a launcher bound to one core would share",
-           "# it with every process it starts."]
+    why = ["# CPU binding off unless the preset sets one: a launcher bound to one core shares it with its processes."]
     if preset.mpiexec == "openmpi":
         why.append("# -x: Open MPI's daemons on other nodes pass on only the variables named so.")
     ignore = [requeue.IGNORE_LINE] if spec.requeue else []

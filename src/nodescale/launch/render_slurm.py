@@ -28,10 +28,7 @@ _HEAD = [
     "else head_addr=$head_node; fi",
 ]
 
-_WHY_HEAD = [
-    "# Its address is Slurm's NodeAddr for it (scontrol): node names need not resolve on the",
-    "# compute nodes, or may resolve to another network; a name is then resolved to IPv4 here.",
-]
+_WHY_HEAD = ["# Its address is Slurm's NodeAddr (scontrol): node names need not resolve on the compute nodes."]
 
 
 def render_slurm(spec: JobSpec, preset: Preset) -> str:
@@ -120,11 +117,9 @@ def run_lines(spec: JobSpec, preset: Preset) -> list[list[str]]:
     if not spec.requeue:
         return [launch_lines(spec, preset)]
     why = [
-        f"# Preemption and wall time: {spec.stop_warning_s} s before the end Slurm sends {requeue.SIGNAL} to this "
-        "script",
-        "# (--signal, or `scancel --signal=USR1 --batch`); srun passes it on to every process of the step.",
-        "# The ranks stop at the next step boundary, checkpoint and exit; the job is then requeued and",
-        "# runs this script again (a `nodescale train --out DIR --resume` command continues).",
+        f"# Preemption and wall time: Slurm sends {requeue.SIGNAL} {spec.stop_warning_s} s before the end (or "
+        f"`scancel --signal={requeue.SIGNAL} --batch`);",
+        "# the ranks checkpoint at the next step and exit, and the job is requeued (--resume continues it).",
     ]
     return [
         [*why, *requeue.marker_lines(str(spec.job_dir), "SLURM_JOB_ID")],
@@ -139,10 +134,7 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
     bind = startup.cpu_bind_for(spec, preset)
     if bind:
         options.append(f"--cpu-bind={bind}")
-    why = [
-        "# --cpus-per-task is repeated on srun: Slurm 22.05 to 23.02 do not pass the job's value on",
-        "# to steps, and every task would get one core.",
-    ]
+    why = ["# --cpus-per-task again: Slurm 22.05 to 23.02 do not pass the job's value on to steps."]
     ignore = [requeue.IGNORE_LINE] if spec.requeue else []
     if spec.mode == "spawn":
         launcher = ["srun", "--nodes=1", "--ntasks=1", *options]
@@ -151,7 +143,7 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
         return [*comment, *startup.launch_command(launcher, preset.container, spawn_script, "nodescale-spawn",
                                                   spec.command)]
     options.append("--kill-on-bad-exit=1")
-    why.append("# --kill-on-bad-exit: one failed task ends the step instead of leaving the others waiting.")
+    why.append("# --kill-on-bad-exit: one failed task ends the step, not leaving the others waiting.")
     if spec.mode == "torchrun":
         launcher = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", *options]
         script = startup.torchrun_script(spec.nodes, spec.nproc_per_node, "$SLURM_NODEID", "$SLURM_JOB_ID")

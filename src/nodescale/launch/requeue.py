@@ -41,14 +41,13 @@ def background_launch(launch: list[str]) -> list[str]:
     """The launch lines run in the background, the stop signal passed on, and its exit code kept."""
     *head, last = launch
     return [
-        "# In the background, so that the trap runs when the signal comes, not when the launch ends.",
+        "# In the background, so the trap runs when the signal comes; wait again until the launch has ended.",
         "step_pid=",
         f'trap \'echo "nodescale: {SIGNAL} received: passing it on to the ranks"; '
         f'kill -{SIGNAL} "$step_pid" 2>/dev/null || true\' {SIGNAL}',
         *head,
         f"{last} &",
         "step_pid=$!",
-        "# wait returns early when the trap ran; wait again until the launch itself has ended.",
         "step_status=0",
         "while true; do",
         f'{shell.INDENT}wait "$step_pid" && step_status=0 || step_status=$?',

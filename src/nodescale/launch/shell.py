@@ -133,8 +133,7 @@ def env_block(preset_env: Mapping[str, str], user_env: Mapping[str, str]) -> lis
 def unset_block() -> list[str]:
     """Lines that clear launcher variables a submitting shell may have left in the job."""
     return [
-        "# The submitting shell's environment can reach the job (sbatch copies it, qsub -V too);",
-        "# launcher variables left from an earlier run would give every process a wrong rank.",
+        "# Launcher variables the submitting shell passed on (sbatch, qsub -V) would give every process a wrong rank.",
         "unset " + " ".join(LAUNCHER_VARIABLES),
     ]
 
@@ -147,51 +146,27 @@ def setup_block(modules: Sequence[str], setup: Sequence[str]) -> list[str]:
     """
     if not modules and not setup:
         return []
-    lines = ["# Software environment of the cluster preset. Module and activation scripts read unset",
-             "# variables, so -u is off while they run.", "set +u"]
+    lines = ["# The preset's software environment; -u is off: module and activation scripts read unset variables.",
+             "set +u"]
     lines += [f"module load {quote(module)}" for module in modules]
     lines += list(setup)
     lines.append("set -u")
     return lines
 
 
-def ipv4_function() -> list[str]:
-    """A shell function that prints the first IPv4 address of a host name, or the name itself.
+# The first IPv4 address of a host name (IPv4: NCCL and gloo socket setups on clusters expect it).
+IPV4_PROGRAM = "import socket, sys; print(socket.getaddrinfo(sys.argv[1], None, socket.AF_INET)[0][4][0])"
 
-    IPv4 because NCCL and gloo socket setups on clusters are configured for it; the name as a
-    fallback because an address literal or a name only the nodes resolve is still usable.
+
+def port_program() -> str:
+    """Python that prints the rendezvous port of the job id in ``sys.argv[1]``, as ``port_for_job`` does.
+
+    Every node computes the same port from the same id, and two jobs sharing a node get
+    different ports instead of both taking 29500 (:func:`nodescale.distributed.env.port_for_job`).
     """
-    return [
-        "nodescale_ipv4() {",
-        f"{INDENT}local found",
-        f'{INDENT}found=$(getent ahostsv4 "$1" 2>/dev/null) || found=""',
-        f"{INDENT}found=${{found%%[[:space:]]*}}",
-        f'{INDENT}echo "${{found:-$1}}"',
-        "}",
-    ]
-
-
-def port_function() -> list[str]:
-    """A shell function that prints the rendezvous port of a job id, as ``port_for_job`` does.
-
-    ``15000 + (leading number [+ array index] % 15000)``: every node computes the same port
-    from the same id, and two jobs sharing a node get different ports instead of both taking
-    29500. Ids without a leading number (never seen from Slurm or PBS) use Python's CRC32,
-    like :func:`nodescale.distributed.env.port_for_job`. ``10#`` stops bash reading ``0123`` as octal.
-    """
-    base, span = JOB_PORT_BASE, JOB_PORT_SPAN
-    crc = f"import sys, zlib; print({base} + zlib.crc32(sys.argv[1].strip().encode()) % {span})"
-    return [
-        "nodescale_port() {",
-        f'{INDENT}if [[ -z "${{1//[[:space:]]/}}" ]]; then',
-        f"{INDENT * 2}echo {DEFAULT_PORT}",
-        rf"{INDENT}elif [[ $1 =~ ^[[:space:]]*([0-9]+)(\[([0-9]*)\])? ]]; then",
-        f"{INDENT * 2}echo $(( {base} + (10#${{BASH_REMATCH[1]}} + 10#${{BASH_REMATCH[3]:-0}}) % {span} ))",
-        f"{INDENT}else",
-        f'{INDENT * 2}python3 -c {quote(crc)} "$1"',
-        f"{INDENT}fi",
-        "}",
-    ]
+    return (r'import re, sys, zlib; j = sys.argv[1].strip(); m = re.match(r"(\d+)(?:\[(\d*)\])?", j); '
+            f"print({DEFAULT_PORT} if not j else {JOB_PORT_BASE} + "
+            f"(int(m[1]) + int(m[2] or 0) if m else zlib.crc32(j.encode())) % {JOB_PORT_SPAN})")
 
 
 def rendezvous_block(
@@ -204,23 +179,19 @@ def rendezvous_block(
     head comes from. A variable in ``given`` (set with ``--env`` or by the preset) is kept.
     """
     lines = [
-        "# Rendezvous. The first node of the allocation hosts the c10d store that torchrun's",
-        "# agents (or the processes themselves) meet at. Which node that is, is known only once",
-        "# the job runs, so it is looked up here, never written in.",
+        "# Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;",
+        "# the port derives from the job id: the same on every node, another for each job.",
         *why_head,
-        "# The port derives from the job id (nodescale.distributed.env.port_for_job): the same on every",
-        "# node, and different for two jobs that share a node, unlike a fixed 29500.",
-        *ipv4_function(),
-        *port_function(),
     ]
     if "MASTER_ADDR" in given:
         lines.append("# MASTER_ADDR is set explicitly above; kept.")
     else:
-        lines += [*head_lines, 'MASTER_ADDR=$(nodescale_ipv4 "$head_addr")']
+        lines += [*head_lines,
+                  f'MASTER_ADDR=$(python3 -c {quote(IPV4_PROGRAM)} "$head_addr" 2>/dev/null) || MASTER_ADDR=$head_addr']
     if "MASTER_PORT" in given:
         lines.append("# MASTER_PORT is set explicitly above; kept.")
     else:
-        lines.append(f'MASTER_PORT=$(nodescale_port "${job_id_var}")')
+        lines.append(f'MASTER_PORT=$(python3 -c {quote(port_program())} "${job_id_var}")')
     lines += [
         "export MASTER_ADDR MASTER_PORT",
         'echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"',

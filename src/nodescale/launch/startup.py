@@ -49,12 +49,10 @@ def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: s
     with ``is_host=0``: left to guess, nodes that share addresses (or none) time out.
     """
     return [
-        "# Runs once on every node: its node rank and address are known only there.",
+        "# On every node. The first hosts the store (is_host=1); local_addr is this node as the others",
+        "# reach it (its route to MASTER_ADDR), where torchrun would guess from the host name (often loopback).",
         f"node_rank={node_rank}",
-        "# The first node hosts the rendezvous store (is_host=1); the others only connect to it.",
         'if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi',
-        "# This node as the others reach it: the source address of its route to MASTER_ADDR.",
-        "# Left to itself torchrun guesses from the host name, which often means loopback.",
         local_addr_line(),
         # No --node-rank: the c10d rendezvous assigns node ranks itself, and torchrun warns
         # on every node that the flag is ignored.

@@ -15,56 +15,32 @@ set -euo pipefail
 # (an absolute path, so nothing depends on $PBS_O_WORKDIR).
 cd /home/user/project
 
-# The submitting shell's environment can reach the job (sbatch copies it, qsub -V too);
-# launcher variables left from an earlier run would give every process a wrong rank.
+# Launcher variables the submitting shell passed on (sbatch, qsub -V) would give every process a wrong rank.
 unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE TORCHELASTIC_RUN_ID MASTER_ADDR MASTER_PORT
 
-# Rendezvous. The first node of the allocation hosts the c10d store that torchrun's
-# agents (or the processes themselves) meet at. Which node that is, is known only once
-# the job runs, so it is looked up here, never written in.
-# PBS lists the job's hosts in $PBS_NODEFILE, the first node first. Its name is resolved
-# to IPv4 here, on a compute node: names need not resolve the same way on the login node.
-# The port derives from the job id (nodescale.distributed.env.port_for_job): the same on every
-# node, and different for two jobs that share a node, unlike a fixed 29500.
-nodescale_ipv4() {
-    local found
-    found=$(getent ahostsv4 "$1" 2>/dev/null) || found=""
-    found=${found%%[[:space:]]*}
-    echo "${found:-$1}"
-}
-nodescale_port() {
-    if [[ -z "${1//[[:space:]]/}" ]]; then
-        echo 29500
-    elif [[ $1 =~ ^[[:space:]]*([0-9]+)(\[([0-9]*)\])? ]]; then
-        echo $(( 15000 + (10#${BASH_REMATCH[1]} + 10#${BASH_REMATCH[3]:-0}) % 15000 ))
-    else
-        python3 -c 'import sys, zlib; print(15000 + zlib.crc32(sys.argv[1].strip().encode()) % 15000)' "$1"
-    fi
-}
+# Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
+# the port derives from the job id: the same on every node, another for each job.
+# $PBS_NODEFILE lists the hosts, the first first; resolved here: the login node may resolve names otherwise.
 head_node=$(head -n 1 "$PBS_NODEFILE")
 head_addr=$head_node
-MASTER_ADDR=$(nodescale_ipv4 "$head_addr")
-MASTER_PORT=$(nodescale_port "$PBS_JOBID")
+MASTER_ADDR=$(python3 -c 'import socket, sys; print(socket.getaddrinfo(sys.argv[1], None, socket.AF_INET)[0][4][0])' "$head_addr" 2>/dev/null) || MASTER_ADDR=$head_addr
+MASTER_PORT=$(python3 -c 'import re, sys, zlib; j = sys.argv[1].strip(); m = re.match(r"(\d+)(?:\[(\d*)\])?", j); print(29500 if not j else 15000 + (int(m[1]) + int(m[2] or 0) if m else zlib.crc32(j.encode())) % 15000)' "$PBS_JOBID")
 export MASTER_ADDR MASTER_PORT
 echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 
-# Preemption and wall time: PBS warns no one before the wall time, so this script sends
-# itself USR1 120 s before it; `qsig -s USR1 JOBID` does the same at any time.
-# The trap passes it on to mpiexec, which passes it on to the processes it started. The ranks
-# stop at the next step boundary, checkpoint and exit; the job is then rerun with qrerun
-# (a `nodescale train --out DIR --resume` command continues).
+# Preemption and wall time: PBS warns no one, so the script sends itself USR1 120 s before the end (`qsig -s USR1 JOBID`
+# at any time); mpiexec passes it on, the ranks checkpoint and exit, qrerun reruns the job (--resume).
 # Rank 0 writes NODESCALE_REQUEUE_FILE when the ranks stopped for requeue (torchrun hides their exit code).
 export NODESCALE_REQUEUE_FILE=/home/user/project/nodescale-jobs/requeue-"$PBS_JOBID"
 rm -f "$NODESCALE_REQUEUE_FILE"
 ( sleep 3480 && kill -USR1 $$ ) >/dev/null 2>&1 &
 timer_pid=$!
 
-# In the background, so that the trap runs when the signal comes, not when the launch ends.
+# In the background, so the trap runs when the signal comes; wait again until the launch has ended.
 step_pid=
 trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$step_pid" 2>/dev/null || true' USR1
 # per-gpu mode: one MPI rank per process, given torchrun's variables from the MPI ones.
-# CPU binding is off unless the preset sets one: a launcher bound to one core would share
-# it with every process it starts.
+# CPU binding off unless the preset sets one: a launcher bound to one core shares it with its processes.
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
 mpiexec -n 8 -ppn 4 -bind-to none \
     bash -c '
@@ -78,7 +54,6 @@ mpiexec -n 8 -ppn 4 -bind-to none \
     ' \
     nodescale-task nodescale train --model resnet50 &
 step_pid=$!
-# wait returns early when the trap ran; wait again until the launch itself has ended.
 step_status=0
 while true; do
     wait "$step_pid" && step_status=0 || step_status=$?

@@ -20,12 +20,10 @@ set -euo pipefail
 # Run in the job's directory, whatever directory sbatch was called from.
 cd /home/user/project
 
-# The submitting shell's environment can reach the job (sbatch copies it, qsub -V too);
-# launcher variables left from an earlier run would give every process a wrong rank.
+# Launcher variables the submitting shell passed on (sbatch, qsub -V) would give every process a wrong rank.
 unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE TORCHELASTIC_RUN_ID MASTER_ADDR MASTER_PORT
 
-# Software environment of the cluster preset. Module and activation scripts read unset
-# variables, so -u is off while they run.
+# The preset's software environment; -u is off: module and activation scripts read unset variables.
 set +u
 export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
@@ -35,52 +33,30 @@ set -u
 export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
 export NCCL_NET_GDR_LEVEL=PHB
 
-# Rendezvous. The first node of the allocation hosts the c10d store that torchrun's
-# agents (or the processes themselves) meet at. Which node that is, is known only once
-# the job runs, so it is looked up here, never written in.
-# Its address is Slurm's NodeAddr for it (scontrol): node names need not resolve on the
-# compute nodes, or may resolve to another network; a name is then resolved to IPv4 here.
-# The port derives from the job id (nodescale.distributed.env.port_for_job): the same on every
-# node, and different for two jobs that share a node, unlike a fixed 29500.
-nodescale_ipv4() {
-    local found
-    found=$(getent ahostsv4 "$1" 2>/dev/null) || found=""
-    found=${found%%[[:space:]]*}
-    echo "${found:-$1}"
-}
-nodescale_port() {
-    if [[ -z "${1//[[:space:]]/}" ]]; then
-        echo 29500
-    elif [[ $1 =~ ^[[:space:]]*([0-9]+)(\[([0-9]*)\])? ]]; then
-        echo $(( 15000 + (10#${BASH_REMATCH[1]} + 10#${BASH_REMATCH[3]:-0}) % 15000 ))
-    else
-        python3 -c 'import sys, zlib; print(15000 + zlib.crc32(sys.argv[1].strip().encode()) % 15000)' "$1"
-    fi
-}
+# Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
+# the port derives from the job id: the same on every node, another for each job.
+# Its address is Slurm's NodeAddr (scontrol): node names need not resolve on the compute nodes.
 job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 head_node=${job_nodes%%$'\n'*}
 head_info=$(scontrol show node "$head_node" 2>/dev/null) || head_info=""
 if [[ $head_info =~ NodeAddr=([^[:space:]]+) ]]; then head_addr=${BASH_REMATCH[1]}; else head_addr=$head_node; fi
-MASTER_ADDR=$(nodescale_ipv4 "$head_addr")
-MASTER_PORT=$(nodescale_port "$SLURM_JOB_ID")
+MASTER_ADDR=$(python3 -c 'import socket, sys; print(socket.getaddrinfo(sys.argv[1], None, socket.AF_INET)[0][4][0])' "$head_addr" 2>/dev/null) || MASTER_ADDR=$head_addr
+MASTER_PORT=$(python3 -c 'import re, sys, zlib; j = sys.argv[1].strip(); m = re.match(r"(\d+)(?:\[(\d*)\])?", j); print(29500 if not j else 15000 + (int(m[1]) + int(m[2] or 0) if m else zlib.crc32(j.encode())) % 15000)' "$SLURM_JOB_ID")
 export MASTER_ADDR MASTER_PORT
 echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 
-# Preemption and wall time: 120 s before the end Slurm sends USR1 to this script
-# (--signal, or `scancel --signal=USR1 --batch`); srun passes it on to every process of the step.
-# The ranks stop at the next step boundary, checkpoint and exit; the job is then requeued and
-# runs this script again (a `nodescale train --out DIR --resume` command continues).
+# Preemption and wall time: Slurm sends USR1 120 s before the end (or `scancel --signal=USR1 --batch`);
+# the ranks checkpoint at the next step and exit, and the job is requeued (--resume continues it).
 # Rank 0 writes NODESCALE_REQUEUE_FILE when the ranks stopped for requeue (torchrun hides their exit code).
 export NODESCALE_REQUEUE_FILE=/home/user/project/nodescale-jobs/requeue-"$SLURM_JOB_ID"
 rm -f "$NODESCALE_REQUEUE_FILE"
 
-# In the background, so that the trap runs when the signal comes, not when the launch ends.
+# In the background, so the trap runs when the signal comes; wait again until the launch has ended.
 step_pid=
 trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$step_pid" 2>/dev/null || true' USR1
 # per-gpu mode: one Slurm task per process, given torchrun's variables from Slurm's.
-# --cpus-per-task is repeated on srun: Slurm 22.05 to 23.02 do not pass the job's value on
-# to steps, and every task would get one core.
-# --kill-on-bad-exit: one failed task ends the step instead of leaving the others waiting.
+# --cpus-per-task again: Slurm 22.05 to 23.02 do not pass the job's value on to steps.
+# --kill-on-bad-exit: one failed task ends the step, not leaving the others waiting.
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
 srun --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --cpu-bind=mask_cpu:0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000 --kill-on-bad-exit=1 \
     bash -c '
@@ -94,7 +70,6 @@ srun --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --cpu-bind=mask_cpu:0xfe000
     ' \
     nodescale-task nodescale train --model resnet50 &
 step_pid=$!
-# wait returns early when the trap ran; wait again until the launch itself has ended.
 step_status=0
 while true; do
     wait "$step_pid" && step_status=0 || step_status=$?
