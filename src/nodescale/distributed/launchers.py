@@ -88,17 +88,9 @@ def _torchrun(env: Mapping[str, str]) -> Layout | None:
     else:
         node_rank = rank // local_world
         names["node_rank"] = f"RANK/{names['local_world_size']}"
-    return Layout(
-        "torchrun",
-        rank,
-        local_rank,
-        world,
-        local_world,
-        node_rank,
-        nodes,
-        names,
-        hosts=lambda: _allocation_hosts(env),
-    )
+    return Layout("torchrun", rank=rank, local_rank=local_rank, world_size=world,
+                  local_world_size=local_world, node_rank=node_rank, num_nodes=nodes, names=names,
+                  hosts=lambda: _allocation_hosts(env))
 
 
 def _slurm(env: Mapping[str, str]) -> Layout | None:
@@ -137,17 +129,9 @@ def _slurm(env: Mapping[str, str]) -> Layout | None:
         local_world = max(1, world // nodes)
         names["local_world_size"] = f"{tasks_var}/{nodes_var}"
     local_rank = int_var(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
-    return Layout(
-        "slurm",
-        rank,
-        local_rank,
-        world,
-        local_world,
-        node_rank,
-        nodes,
-        names,
-        hosts=lambda: _slurm_hosts(env),
-    )
+    return Layout("slurm", rank=rank, local_rank=local_rank, world_size=world,
+                  local_world_size=local_world, node_rank=node_rank, num_nodes=nodes, names=names,
+                  hosts=lambda: _slurm_hosts(env))
 
 
 def _pals(env: Mapping[str, str]) -> Layout | None:
@@ -267,17 +251,9 @@ def _mpi_layout(
         names["node_rank"] = f"{names['rank']}/{names['local_world_size']}"
     names["num_nodes"] = f"{names['world_size']}/{names['local_world_size']}"
     nodes = math.ceil(world / local_world)
-    return Layout(
-        source,
-        rank,
-        local_rank,
-        world,
-        local_world,
-        node_rank,
-        nodes,
-        names,
-        hosts=lambda: _allocation_hosts(env),
-    )
+    return Layout(source, rank=rank, local_rank=local_rank, world_size=world,
+                  local_world_size=local_world, node_rank=node_rank, num_nodes=nodes, names=names,
+                  hosts=lambda: _allocation_hosts(env))
 
 
 def _mpi_disagrees(env: Mapping[str, str], rank: int, world: int) -> bool:
