@@ -75,9 +75,10 @@ def test_uneven_last_batch_gives_the_exact_global_mean(tmp_path: Path) -> None:
 def test_resume_ends_with_the_same_weights_as_an_uninterrupted_run(uninterrupted_two_rank_run: TwoRankRun,
                                                                    tmp_path: Path) -> None:
     full, args = uninterrupted_two_rank_run.path, uninterrupted_two_rank_run.args
-    # Step 20 is mid-epoch (23 steps per epoch): the sampler position must be restored too.
+    # Step 280 is mid-epoch (23 steps per epoch): the sampler position must be restored too. (The last
+    # checkpoint but one: 20 steps to train, not 280.)
     (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
-    shutil.copy(full / "checkpoints/step-00000020.pt", tmp_path / "resumed/checkpoints/")
+    shutil.copy(full / "checkpoints/step-00000280.pt", tmp_path / "resumed/checkpoints/")
     result = run_cli([*args, "--out", "resumed", "--resume"], cwd=tmp_path)
     assert "resumed from" in result.stdout
     assert max_difference(final_weights(full), final_weights(tmp_path / "resumed")) == 0.0
@@ -87,9 +88,9 @@ def test_resume_ends_with_the_same_weights_as_an_uninterrupted_run(uninterrupted
     # (scheduler and position at the top, no "api" entry): old runs resume, on the same weights.
     from nodescale.engine import checkpoint_files as checkpoint
 
-    state = torch.load(full / "checkpoints/step-00000020.pt", weights_only=True)
+    state = torch.load(full / "checkpoints/step-00000280.pt", weights_only=True)
     state["scheduler"] = state.pop("api")["stateful"]["scheduler"]
-    checkpoint.save(tmp_path / "legacy", 20, state, 5)
+    checkpoint.save(tmp_path / "legacy", 280, state, 5)
     run_cli([*args, "--out", "legacy", "--resume"], cwd=tmp_path)
     assert max_difference(final_weights(full), final_weights(tmp_path / "legacy")) == 0.0
 
