@@ -73,16 +73,16 @@ TRAIN = ["--nproc", "2", "--epochs", "200", "--max-steps", "100000", "--log-ever
          "--out", "run", "--resume", "--heartbeat-timeout", "0"]
 
 
-@pytest.mark.multiproc
-@pytest.mark.parametrize("target", ["rank 1", "launcher"])
-def test_one_rank_signalled_all_ranks_stop_checkpoint_and_resume(tmp_path: Path, target: str) -> None:
-    """rank 1 only: rank 0 learns of it through the agreement; the launcher: it passes it on to its workers."""
+def stop_with_a_signal(tmp_path: Path, target: str, after_step: int) -> tuple[int, str]:
+    """Start TRAIN, send SIGUSR1 to rank 1 or the launcher past ``after_step``, check every rank stopped at
+    one checkpointed step for requeue; returns that step and the launcher's output."""
     marker = tmp_path / "requeue-marker"
+    marker.unlink(missing_ok=True)
     env = {**cli_env(), REQUEUE_FILE_VARIABLE: str(marker)}
     process = subprocess.Popen([sys.executable, "-m", "nodescale", "train", *TRAIN], cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        assert wait_until(lambda: last_step(tmp_path / "run") >= 10, 120), "no progress"
+        assert wait_until(lambda: last_step(tmp_path / "run") >= after_step, 120), "no progress"
         rank1 = worker_of_rank(process.pid, 1)
         assert rank1 is not None
         signalled_after = last_step(tmp_path / "run")
@@ -92,10 +92,9 @@ def test_one_rank_signalled_all_ranks_stop_checkpoint_and_resume(tmp_path: Path,
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
-    records = read_metrics(tmp_path / "run")
-    stopped = [r for r in records if r["kind"] == "stopped"]
-    assert len(stopped) == 1 and stopped[0]["signal"] == "SIGUSR1" and stopped[0]["exit_code"] == EXIT_REQUEUE
-    step = stopped[0]["step"]
+    stopped = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "stopped"][-1]
+    assert stopped["signal"] == "SIGUSR1" and stopped["exit_code"] == EXIT_REQUEUE
+    step = stopped["step"]
     assert step >= signalled_after
     assert (tmp_path / "run" / "checkpoints" / f"step-{step:08d}.pt").is_file(), output
     assert f"every rank stopped at step {step}" in output
@@ -103,14 +102,26 @@ def test_one_rank_signalled_all_ranks_stop_checkpoint_and_resume(tmp_path: Path,
     assert marker.read_text().strip() == "run"
     assert process.returncode == EXIT_REQUEUE, output  # the launcher passes the requeue code on
     assert not workers_in(tmp_path), "no worker may outlive the launcher"
+    return step, output
 
+
+@pytest.mark.multiproc
+def test_one_rank_signalled_all_ranks_stop_checkpoint_and_resume(tmp_path: Path) -> None:
+    """rank 1 only: rank 0 learns of it through the agreement; the launcher: it passes it on to its workers.
+
+    One run for both: the job requeued after rank 1's signal is the one whose launcher is signalled.
+    """
+    step, _ = stop_with_a_signal(tmp_path, "rank 1", after_step=10)
     # The requeued command: the same one, which continues from the checkpoint.
-    resumed = subprocess.run([sys.executable, "-m", "nodescale", "train", *TRAIN[:5], str(step + 3), *TRAIN[6:]],
-                             cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=180)
+    step_again, output = stop_with_a_signal(tmp_path, "launcher", after_step=step + 10)
+    assert f"(step {step})" in output and "resumed from" in output
+    assert len([r for r in read_metrics(tmp_path / "run") if r["kind"] == "stopped"]) == 2
+    resumed = subprocess.run([sys.executable, "-m", "nodescale", "train", *TRAIN[:5], str(step_again + 3),
+                              *TRAIN[6:]], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"(step {step})" in resumed.stdout and "resumed from" in resumed.stdout
+    assert f"(step {step_again})" in resumed.stdout and "resumed from" in resumed.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["global_steps"] == step + 3
+    assert summary["global_steps"] == step_again + 3
 
 
 def pbs_script(tmp_path: Path, command: list[str]) -> Path:

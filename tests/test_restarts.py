@@ -15,25 +15,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from conftest import cli_env, final_weights, max_difference, read_summary, run_cli
 from proc_tree import worker_of_rank
 
+if TYPE_CHECKING:
+    from engine_runs import TwoRankRun
+
 pytestmark = pytest.mark.multiproc
 
-# 300 steps of 6 ms: long enough to kill a rank after the step-20 checkpoint, short enough for a test.
-# Step 20 is mid-epoch (23 steps per epoch), so the sampler position is restored too.
-ARGS = ["train", "--nproc", "2", "--epochs", "20", "--max-steps", "300", "--checkpoint-every", "20",
-        "--seed", "0", "--set", "data.num_workers=0", "--no-progress"]
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("uninterrupted")
-    run_cli([*ARGS, "--out", "run"], cwd=root)
-    return root / "run"
+# uninterrupted_two_rank_run (shared with test_training): the run these tests interrupt, to its end.
+pytest_plugins = ["engine_runs"]
 
 
 def _first_checkpoint_written(run_dir: Path) -> bool:
@@ -71,17 +66,20 @@ def train_and_kill_rank_1(args: list[str], cwd: Path, run_dir: Path) -> subproce
 
 
 def test_a_killed_rank_is_restarted_and_the_run_ends_with_the_uninterrupted_weights(
-        uninterrupted: Path, tmp_path: Path) -> None:
-    result = train_and_kill_rank_1([*ARGS, "--max-restarts", "1", "--out", "run"], tmp_path, tmp_path / "run")
+        uninterrupted_two_rank_run: TwoRankRun, tmp_path: Path) -> None:
+    args = uninterrupted_two_rank_run.args
+    result = train_and_kill_rank_1([*args, "--max-restarts", "1", "--out", "run"], tmp_path, tmp_path / "run")
     assert result.returncode == 0, result.stderr
     assert "rank 1 exited with -9 (SIGKILL); restarting all 2 processes" in result.stderr
     assert "note: restart 1 of 1 after rank 1 exited with -9 (SIGKILL): resuming from step-000" in result.stdout
     assert read_summary(tmp_path / "run")["global_steps"] == 300
-    assert max_difference(final_weights(uninterrupted), final_weights(tmp_path / "run")) == 0.0
+    assert max_difference(final_weights(uninterrupted_two_rank_run.path), final_weights(tmp_path / "run")) == 0.0
 
 
-def test_without_restarts_a_killed_rank_fails_fast_and_resume_continues(uninterrupted: Path, tmp_path: Path) -> None:
-    result = train_and_kill_rank_1([*ARGS, "--out", "run"], tmp_path, tmp_path / "run")
+def test_without_restarts_a_killed_rank_fails_fast_and_resume_continues(uninterrupted_two_rank_run: TwoRankRun,
+                                                                        tmp_path: Path) -> None:
+    args = uninterrupted_two_rank_run.args
+    result = train_and_kill_rank_1([*args, "--out", "run"], tmp_path, tmp_path / "run")
     assert result.returncode == 1
     assert "worker processes failed: rank 1 exited with -9 (SIGKILL)" in result.stderr
     assert "restarting" not in result.stderr
@@ -89,11 +87,11 @@ def test_without_restarts_a_killed_rank_fails_fast_and_resume_continues(uninterr
     assert not (tmp_path / "run" / "summary.json").exists()
 
     # A user error is never retried: it would fail the same way each time.
-    refused = run_cli([*ARGS, "--model", "resnet18", "--max-restarts", "3", "--out", "run", "--resume"],
+    refused = run_cli([*args, "--model", "resnet18", "--max-restarts", "3", "--out", "run", "--resume"],
                       cwd=tmp_path, check=False)
     assert refused.returncode == 2, refused.stderr
     assert "model.name was 'cnn', now 'resnet18'" in refused.stderr and "restarting" not in refused.stderr
 
-    resumed = run_cli([*ARGS, "--out", "run", "--resume"], cwd=tmp_path)
+    resumed = run_cli([*args, "--out", "run", "--resume"], cwd=tmp_path)
     assert "resumed from" in resumed.stdout
-    assert max_difference(final_weights(uninterrupted), final_weights(tmp_path / "run")) == 0.0
+    assert max_difference(final_weights(uninterrupted_two_rank_run.path), final_weights(tmp_path / "run")) == 0.0

@@ -10,13 +10,18 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from conftest import cli_env, final_weights, max_difference, read_metrics, read_summary, run_cli
 
+if TYPE_CHECKING:
+    from engine_runs import TwoRankRun
+
 pytestmark = pytest.mark.multiproc
+pytest_plugins = ["engine_runs"]  # uninterrupted_two_rank_run, shared with test_restarts
 
 # Constant learning rate and plain SGD: differences between runs stay the
 # size of float rounding instead of being rescaled by Adam's normaliser.
@@ -67,32 +72,39 @@ def test_uneven_last_batch_gives_the_exact_global_mean(tmp_path: Path) -> None:
     assert read_summary(tmp_path / "two")["val_accuracy"] is None  # regression has no accuracy
 
 
-def test_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tmp_path: Path) -> None:
-    args = ["train", "--nproc", "2", "--max-steps", "30", "--checkpoint-every", "10", "--keep-last", "5",
-            "--no-progress"]
-    run_cli([*args, "--out", "full"], cwd=tmp_path)
-    # Step 10 is mid-epoch (23 steps per epoch): the sampler position must be restored too.
+def test_resume_ends_with_the_same_weights_as_an_uninterrupted_run(uninterrupted_two_rank_run: TwoRankRun,
+                                                                   tmp_path: Path) -> None:
+    full, args = uninterrupted_two_rank_run.path, uninterrupted_two_rank_run.args
+    # Step 280 is mid-epoch (23 steps per epoch): the sampler position must be restored too. (The last
+    # checkpoint but one: 20 steps to train, not 280.)
     (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
-    shutil.copy(tmp_path / "full/checkpoints/step-00000010.pt", tmp_path / "resumed/checkpoints/")
+    shutil.copy(full / "checkpoints/step-00000280.pt", tmp_path / "resumed/checkpoints/")
     result = run_cli([*args, "--out", "resumed", "--resume"], cwd=tmp_path)
     assert "resumed from" in result.stdout
-    assert max_difference(final_weights(tmp_path / "full"), final_weights(tmp_path / "resumed")) == 0.0
-    assert read_summary(tmp_path / "resumed")["global_steps"] == 30
+    assert max_difference(final_weights(full), final_weights(tmp_path / "resumed")) == 0.0
+    assert read_summary(tmp_path / "resumed")["global_steps"] == 300
 
     # The same step in the layout nodescale train wrote before its loop ran on the library's calls
     # (scheduler and position at the top, no "api" entry): old runs resume, on the same weights.
     from nodescale.engine import checkpoint_files as checkpoint
 
-    state = torch.load(tmp_path / "full/checkpoints/step-00000010.pt", weights_only=True)
+    state = torch.load(full / "checkpoints/step-00000280.pt", weights_only=True)
     state["scheduler"] = state.pop("api")["stateful"]["scheduler"]
-    checkpoint.save(tmp_path / "legacy", 10, state, 5)
+    checkpoint.save(tmp_path / "legacy", 280, state, 5)
     run_cli([*args, "--out", "legacy", "--resume"], cwd=tmp_path)
-    assert max_difference(final_weights(tmp_path / "full"), final_weights(tmp_path / "legacy")) == 0.0
+    assert max_difference(final_weights(full), final_weights(tmp_path / "legacy")) == 0.0
 
 
-def test_one_epoch_summary_is_right(tmp_path: Path) -> None:
-    result = run_cli(["train", "--epochs", "1", "--no-progress", "--out", "run"], cwd=tmp_path)
+def test_runs_unchanged_under_torchrun_and_the_one_epoch_summary_is_right(tmp_path: Path) -> None:
+    # One run for both: the summary is the workers' own, whichever launcher started them.
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "nodescale", "train", "--epochs", "1", "--no-progress", "--out", "run"],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
     summary = read_summary(tmp_path / "run")
+    assert summary["world_size"] == 2 and summary["global_steps"] == 23
     assert summary["epochs_completed"] == 1 and len(summary["epoch_seconds"]) == 1
     assert summary["average_epoch_seconds"] == pytest.approx(summary["epoch_seconds"][0], rel=1e-3)
     assert summary["average_epoch_excludes_first"] is False
@@ -108,17 +120,6 @@ def test_one_epoch_summary_is_right(tmp_path: Path) -> None:
     kinds = [record["kind"] for record in read_metrics(tmp_path / "run")]
     assert kinds.count("epoch") == 1 and "step" in kinds
     assert "(the only epoch)" in result.stdout and "samples/s" in result.stdout
-
-
-def test_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "nodescale", "train", "--max-steps", "4", "--no-progress", "--out", "run"],
-        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=240,
-    )
-    assert result.returncode == 0, result.stderr
-    summary = read_summary(tmp_path / "run")
-    assert summary["world_size"] == 2 and summary["global_steps"] == 4
 
 
 def test_default_job_reaches_95_percent_within_a_minute(tmp_path: Path) -> None:
@@ -137,13 +138,20 @@ def test_dp_strategy_warns_and_trains(tmp_path: Path) -> None:
     assert read_summary(tmp_path / "run")["world_size"] == 1
 
 
-def test_reusing_a_run_directory_needs_resume(tmp_path: Path) -> None:
-    run_cli(["train", "--strategy", "single", "--max-steps", "2", "--out", "run"], cwd=tmp_path)
+def test_reusing_a_run_directory_needs_resume_and_resume_keeps_the_run_settings(tmp_path: Path) -> None:
+    run_cli(["train", "--strategy", "single", "--max-steps", "2", "--no-progress", "--out", "run"], cwd=tmp_path)
+    before = (tmp_path / "run" / "config.yaml").read_text()
     result = run_cli(["train", "--strategy", "single", "--max-steps", "2", "--out", "run"], cwd=tmp_path,
                      check=False)
     assert result.returncode == 2
     assert "already holds a run" in result.stderr and "--resume" in result.stderr
     assert "Traceback" not in result.stderr
+    # With --resume, another model is refused, and the run's settings stay as they were.
+    result = run_cli(["train", "--strategy", "single", "--model", "resnet18", "--max-steps", "4", "--no-progress",
+                      "--out", "run", "--resume"], cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    assert "model.name was 'cnn', now 'resnet18'" in result.stderr and "Traceback" not in result.stderr
+    assert (tmp_path / "run" / "config.yaml").read_text() == before
 
 
 def test_missing_data_dir_fails_before_any_process_starts(tmp_path: Path) -> None:
@@ -154,17 +162,16 @@ def test_missing_data_dir_fails_before_any_process_starts(tmp_path: Path) -> Non
     assert not (tmp_path / "runs").exists()
 
 
-def test_checkpoint_holds_the_whole_training_state(tmp_path: Path) -> None:
-    run_cli(["train", "--nproc", "2", "--max-steps", "3", "--no-progress", "--out", "run"], cwd=tmp_path)
+def test_checkpoint_holds_the_whole_training_state(uninterrupted_two_rank_run: TwoRankRun) -> None:
     from nodescale.engine.checkpoint_files import list_checkpoints
 
-    (_, path), = list_checkpoints(tmp_path / "run")
-    state = torch.load(path, weights_only=True)
+    steps = {step: path for step, path in list_checkpoints(uninterrupted_two_rank_run.path)}
+    state = torch.load(steps[20], weights_only=True)
     assert {"model", "optimizer", "api", "updater", "position", "rng", "config"} <= state.keys()
     assert {"scheduler", "loader"} <= state["api"]["stateful"].keys()  # what the loop named beside them
-    assert state["api"]["stateful"]["loader"]["batch_in_epoch"] == 3
+    assert state["api"]["stateful"]["loader"]["batch_in_epoch"] == 20
     assert "scaler" in state["updater"]  # the fp16 loss scale
-    assert state["position"]["global_step"] == 3 and len(state["rng"]) == 2
+    assert state["position"]["global_step"] == 20 and len(state["rng"]) == 2
     assert state["optimizer"]["state"], "optimiser moments must be saved"
 
 
@@ -195,35 +202,27 @@ def test_a_data_error_found_by_the_workers_is_reported_once_and_blocks_nothing(t
     run_cli(args, cwd=tmp_path)  # the failed attempt left nothing that makes the rerun need --resume
 
 
-def test_resume_with_another_model_is_refused_and_keeps_the_run_settings(tmp_path: Path) -> None:
-    run_cli(["train", "--strategy", "single", "--max-steps", "2", "--no-progress", "--out", "run"], cwd=tmp_path)
-    before = (tmp_path / "run" / "config.yaml").read_text()
-    result = run_cli(["train", "--strategy", "single", "--model", "resnet18", "--max-steps", "4", "--no-progress",
-                      "--out", "run", "--resume"], cwd=tmp_path, check=False)
-    assert result.returncode == 2
-    assert "model.name was 'cnn', now 'resnet18'" in result.stderr and "Traceback" not in result.stderr
-    assert (tmp_path / "run" / "config.yaml").read_text() == before
-
-
-def test_resume_on_another_world_size_continues(tmp_path: Path) -> None:
-    # Saved by 2 ranks x 16, resumed by 1 rank x 32: the same global batch, mid-epoch.
-    run_cli(["train", "--nproc", "2", "--batch-size", "16", "--max-steps", "20", "--checkpoint-every", "10",
-             "--keep-last", "5", "--no-progress", "--out", "run"], cwd=tmp_path)
-    (tmp_path / "run" / "checkpoints" / "step-00000020.pt").unlink()
-    result = run_cli(["train", "--nproc", "1", "--batch-size", "32", "--max-steps", "20", "--no-progress",
+def test_resume_on_another_world_size_continues(uninterrupted_two_rank_run: TwoRankRun, tmp_path: Path) -> None:
+    # Saved by 2 ranks x 32 at step 20, resumed by 1 rank x 64: the same global batch, mid-epoch.
+    run = tmp_path / "run"
+    shutil.copytree(uninterrupted_two_rank_run.path, run)
+    for path in (run / "checkpoints").glob("step-*"):
+        if not path.name.startswith("step-00000020."):
+            path.unlink()
+    result = run_cli(["train", "--nproc", "1", "--batch-size", "64", "--max-steps", "40", "--no-progress",
                       "--out", "run", "--resume"], cwd=tmp_path)
     assert "mid-epoch" not in result.stderr  # the same global batch: the loader continues where it was
-    summary = read_summary(tmp_path / "run")
-    assert summary["world_size"] == 1 and summary["global_steps"] == 20
-    records = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "checkpoint"]
-    assert [r["step"] for r in records] == [10, 20, 20]  # first run: 10 and 20; the resumed run: 20
+    summary = read_summary(run)
+    assert summary["world_size"] == 1 and summary["global_steps"] == 40
+    records = [r for r in read_metrics(run) if r["kind"] == "checkpoint"]
+    # The first run's checkpoints, then the resumed run's.
+    assert [r["step"] for r in records] == [*uninterrupted_two_rank_run.checkpoint_steps, 40]
 
 
-def test_the_final_step_is_saved_once(tmp_path: Path) -> None:
-    run_cli(["train", "--strategy", "single", "--max-steps", "10", "--checkpoint-every", "5", "--no-progress",
-             "--out", "run"], cwd=tmp_path)
-    steps = [r["step"] for r in read_metrics(tmp_path / "run") if r["kind"] == "checkpoint"]
-    assert steps == [5, 10]
+def test_the_final_step_is_saved_once(uninterrupted_two_rank_run: TwoRankRun) -> None:
+    # --max-steps 300 is a multiple of --checkpoint-every 20: the last periodic save is the final one.
+    steps = [r["step"] for r in read_metrics(uninterrupted_two_rank_run.path) if r["kind"] == "checkpoint"]
+    assert steps == uninterrupted_two_rank_run.checkpoint_steps == list(range(20, 301, 20))
 
 
 @pytest.mark.slow
