@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from conftest import cli_env, final_weights, max_difference, read_summary, run_cli
-from test_fsdp import plain_model, torchrun
+from test_fsdp import BF16_MODELS, plain_model, torchrun
 
 pytestmark = pytest.mark.multiproc
+pytest_plugins = ["shared_runs"]  # ddp_references: the DDP runs ZeRO must match, shared with test_fsdp.py
 
-SGD = ["--optimizer", "sgd", "--lr", "0.05", "--set", "optim.schedule=constant", "--no-progress", "--seed", "3"]
 STAGES = (1, 2, 3)
 # ZeRO reduce-scatters the gradient sums DDP all-reduces; on 2 gloo ranks the weights have come
 # out bit for bit equal. The tolerance leaves room for another summation order.
@@ -29,23 +30,47 @@ TOLERANCE = 1e-5
 # Stage 3 keeps parameters under 100k values whole on every rank (DeepSpeed's default persistence
 # threshold); this file partitions every one, so the memory test sees real sharding.
 PARTITION_ALL = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}
+# The LUMI seed config, its trailing comma included: nodescale must read it as it is.
+LUMI_SEED_CONFIG = """{
+  "zero_optimization": {
+    "stage": 1
+  },
+
+  "fp16": {
+    "enabled": false,
+  }
+}
+"""
 
 
 @pytest.fixture(scope="module")
-def equivalence_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """cnn: 8 SGD steps of 2 ranks x 16; vit_tiny: 4 steps of 2 x 8; by DDP and by each ZeRO stage."""
+def equivalence_runs(tmp_path_factory: pytest.TempPathFactory, ddp_references: dict[str, Path]) -> dict[str, Path]:
+    """The DDP references, and each ZeRO stage on their commands (the cnn and the vit)."""
+    from shared_runs import CNN, VIT  # here, not above: pytest imports the plugin first, to rewrite its asserts
+
     root = tmp_path_factory.mktemp("deepspeed-equivalence")
     (root / "partition_all.json").write_text(json.dumps(PARTITION_ALL))
-    cnn = ["train", "--max-steps", "8", "--batch-size", "16", *SGD]
-    vit = ["train", "--model", "vit_tiny", "--max-steps", "4", "--batch-size", "8", *SGD]
-    run_cli([*cnn, "--nproc", "2", "--out", str(root / "cnn-ddp")], cwd=root)
-    run_cli([*vit, "--nproc", "2", "--out", str(root / "vit-ddp")], cwd=root)
+    (root / "lumi.json").write_text(LUMI_SEED_CONFIG)
     for stage in STAGES:
         deepspeed = ["--strategy", "deepspeed", "--zero-stage", str(stage)]
-        run_cli([*cnn, *deepspeed, "--nproc", "2", "--out", str(root / f"cnn-zero{stage}")], cwd=root)
-        vit_out = str(root / f"vit-zero{stage}")
-        torchrun(2, [*vit, *deepspeed, "--deepspeed-config", "partition_all.json", "--out", vit_out], cwd=root)
-    return {path.name: path for path in root.iterdir()}
+        # Stage 1 reads the LUMI seed config: one run proves both that it parses and that ZeRO-1 matches DDP.
+        cnn_config = ["--deepspeed-config", "lumi.json"] if stage == 1 else []
+        run_cli([*CNN, *deepspeed, *cnn_config, "--nproc", "2", "--out", str(root / f"cnn-zero{stage}")], cwd=root)
+        vit = [*VIT, *deepspeed, "--deepspeed-config", "partition_all.json", "--out", str(root / f"vit-zero{stage}")]
+        if stage == 3:  # Open MPI's mpiexec starts these ranks: nodescale reads them from OMPI_*
+            mpiexec(vit, cwd=root)
+        else:
+            torchrun(2, vit, cwd=root)
+    return {**ddp_references, **{path.name: path for path in root.iterdir() if path.is_dir()}}
+
+
+def mpiexec(args: list[str], cwd: Path) -> None:
+    """``mpiexec -n 2 python -m nodescale ARGS`` (Open MPI's); fails the test if it fails."""
+    result = subprocess.run(
+        ["mpiexec.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-m", "nodescale",
+         *args], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=240,
+    )
+    assert result.returncode == 0, f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
 
 
 @pytest.mark.parametrize("model", ["cnn", "vit"])
@@ -131,43 +156,25 @@ def test_an_exported_zero_checkpoint_loads_into_the_plain_model(saved_run: Path,
     assert info["layout"] == "deepspeed" and info["step"] == 8 and info["world_size"] == 2
 
 
-def test_mpiexec_starts_deepspeed_ranks(tmp_path: Path) -> None:
-    """Open MPI's mpiexec: nodescale reads the ranks from OMPI_* and DeepSpeed reuses its process group."""
-    result = subprocess.run(
-        ["mpiexec.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-m", "nodescale",
-         "train", "--strategy", "deepspeed", "--zero-stage", "3", "--max-steps", "3", "--no-progress", "--out", "run"],
-        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=240,
-    )
-    assert result.returncode == 0, result.stderr
-    summary = read_summary(tmp_path / "run")
-    assert summary["world_size"] == 2 and summary["strategy"] == "deepspeed" and summary["global_steps"] == 3
+def test_mpiexec_starts_deepspeed_ranks(equivalence_runs: dict[str, Path]) -> None:
+    """Open MPI's mpiexec (vit-zero3): nodescale reads the ranks from OMPI_* and DeepSpeed reuses its process group."""
+    summary = read_summary(equivalence_runs["vit-zero3"])
+    assert summary["world_size"] == 2 and summary["strategy"] == "deepspeed" and summary["global_steps"] == 4
 
 
-@pytest.mark.parametrize("model", ["cnn", "vit_tiny"])  # BatchNorm: DeepSpeed's autocast; none: a bf16 engine
-def test_zero_trains_in_bf16(model: str, tmp_path: Path) -> None:
-    run_cli(["train", "--strategy", "deepspeed", "--zero-stage", "3", "--precision", "bf16", "--model", model,
+# BatchNorm: DeepSpeed's autocast; none: a bf16 engine (the vit on small data, as in test_fsdp.py)
+@pytest.mark.parametrize(("model", "data"), BF16_MODELS)
+def test_zero_trains_in_bf16(model: str, data: list[str], tmp_path: Path) -> None:
+    run_cli(["train", "--strategy", "deepspeed", "--zero-stage", "3", "--precision", "bf16", "--model", model, *data,
              "--batch-size", "8", "--max-steps", "3", "--no-progress", "--out", "run"], cwd=tmp_path)
     summary = read_summary(tmp_path / "run")
     assert summary["precision"] == "bf16" and summary["val_loss"] == pytest.approx(summary["val_loss"])  # not NaN
 
 
-LUMI_SEED_CONFIG = """{
-  "zero_optimization": {
-    "stage": 1
-  },
-
-  "fp16": {
-    "enabled": false,
-  }
-}
-"""
-
-
-def test_the_lumi_seed_config_with_its_trailing_comma_runs(tmp_path: Path) -> None:
-    (tmp_path / "ds_config.json").write_text(LUMI_SEED_CONFIG)
-    run_cli(["train", "--strategy", "deepspeed", "--deepspeed-config", "ds_config.json", "--max-steps", "2",
-             "--no-progress", "--out", "run"], cwd=tmp_path)
-    assert read_summary(tmp_path / "run")["global_steps"] == 2
+def test_the_lumi_seed_config_with_its_trailing_comma_runs(equivalence_runs: dict[str, Path]) -> None:
+    run_dir = equivalence_runs["cnn-zero1"]  # trained with LUMI_SEED_CONFIG
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["strategy"]["deepspeed_config"].endswith("lumi.json")
+    assert read_summary(run_dir)["global_steps"] == 8
 
 
 @pytest.mark.parametrize(("config", "args", "message"), [
