@@ -54,7 +54,7 @@ def render_pbs(spec: JobSpec, preset: Preset) -> str:
     the job's arithmetic is :func:`nodescale.launch.checks.check_job`'s) and :class:`UserError` for
     text that cannot go into the script safely (whitespace or quotes in a directive value, an invalid variable name).
     """
-    shell.check_job(spec, preset)
+    shell.check_renderable(spec, preset)
     env = shell.merged_env(preset.env, spec.env)
     cd_comment = [
         "# PBS starts the job in the home directory, not where qsub ran: go to the job's directory",

@@ -38,7 +38,7 @@ def render_slurm(spec: JobSpec, preset: Preset) -> str:
     the job's arithmetic is :func:`nodescale.launch.checks.check_job`'s) and :class:`UserError` for
     text that cannot go into the script safely (a newline in a directive value, an invalid variable name).
     """
-    shell.check_job(spec, preset)
+    shell.check_renderable(spec, preset)
     env = shell.merged_env(preset.env, spec.env)
     blocks = [
         ["#!/bin/bash", *shell.header_lines(spec, preset), *(f"#SBATCH {d}" for d in directives(spec, preset))],

@@ -199,7 +199,7 @@ def rendezvous_block(
     return lines
 
 
-def check_job(spec: JobSpec, preset: Preset) -> None:
+def check_renderable(spec: JobSpec, preset: Preset) -> None:
     """ValueError for what the caller should have refused before asking for a script, and
     :class:`UserError` for a command that starts with an option.
 
