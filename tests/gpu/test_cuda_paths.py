@@ -52,8 +52,10 @@ def test_the_training_step_never_waits_for_the_gpu(tmp_path: Path) -> None:
 
     The same run with 40 steps instead of 10 (one epoch of digits, no log point in between)
     must synchronise exactly as often: any per-step ``.item()``, blocking copy or CPU-indexed
-    CUDA tensor would add 30.
+    CUDA tensor would add 30. A first run absorbs the process's one-time CUDA set-up, which
+    synchronises once (seen on an H100: 41 for 10 steps first, 40 for 40 steps second).
     """
+    _synchronisations(tmp_path / "warm-up", 10)
     short = _synchronisations(tmp_path, 10)
     long = _synchronisations(tmp_path, 40)
     assert long == short, f"{long - short} more synchronisations for 30 more steps ({short} for 10 steps)"
@@ -92,7 +94,7 @@ def test_fsdp_on_one_gpu_with_nccl(tmp_path: Path) -> None:
 def test_bench_comm_on_nccl(tmp_path: Path) -> None:
     out = tmp_path / "comm"
     run_cli(["bench", "comm", "--nproc", "1", "--sizes", "1K:16M", "--out", str(out), "--no-plot"], tmp_path)
-    rows = json.loads((out / "results.json").read_text())["rows"]
+    rows = json.loads((out / "results.json").read_text())
     assert rows and all(row["correct"] for row in rows)
     assert {row["backend"] for row in rows} == {"nccl"}
     assert all(row["device"].startswith("cuda") for row in rows)
