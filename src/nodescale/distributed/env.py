@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from nodescale.distributed.launchers import read_layout, scheduler_job_id
-from nodescale.distributed.layout import Layout
+from nodescale.distributed.layout import Layout, RankPlace
 from nodescale.errors import UserError
 
 Resolver = Callable[[str], str]
@@ -39,15 +39,9 @@ _MASTER_ADDR_HINT = (
 
 
 @dataclass(frozen=True)
-class DistEnv:
+class DistEnv(RankPlace):
     """This process's place in the job, and where the ranks meet."""
 
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    node_rank: int
-    num_nodes: int
     master_addr: str
     master_port: int
     source: str  # "torchrun", "slurm", "pals", "openmpi", "mpich" or "single"
@@ -99,12 +93,7 @@ def detect(environ: Mapping[str, str] | None = None, resolve: Resolver = resolve
     env = os.environ if environ is None else environ
     layout = read_layout(env)
     return DistEnv(
-        rank=layout.rank,
-        local_rank=layout.local_rank,
-        world_size=layout.world_size,
-        local_world_size=layout.local_world_size,
-        node_rank=layout.node_rank,
-        num_nodes=layout.num_nodes,
+        **layout.place(),
         master_addr=_master_addr(env, layout, resolve),
         master_port=_master_port(env),
         source=layout.source,

@@ -88,7 +88,7 @@ def _torchrun(env: Mapping[str, str]) -> Layout | None:
     else:
         node_rank = rank // local_world
         names["node_rank"] = f"RANK/{names['local_world_size']}"
-    return Layout("torchrun", rank=rank, local_rank=local_rank, world_size=world,
+    return Layout(source="torchrun", rank=rank, local_rank=local_rank, world_size=world,
                   local_world_size=local_world, node_rank=node_rank, num_nodes=nodes, names=names,
                   hosts=lambda: _allocation_hosts(env))
 
@@ -129,7 +129,7 @@ def _slurm(env: Mapping[str, str]) -> Layout | None:
         local_world = max(1, world // nodes)
         names["local_world_size"] = f"{tasks_var}/{nodes_var}"
     local_rank = int_var(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
-    return Layout("slurm", rank=rank, local_rank=local_rank, world_size=world,
+    return Layout(source="slurm", rank=rank, local_rank=local_rank, world_size=world,
                   local_world_size=local_world, node_rank=node_rank, num_nodes=nodes, names=names,
                   hosts=lambda: _slurm_hosts(env))
 
@@ -221,7 +221,7 @@ def _single(env: Mapping[str, str]) -> Layout:
         name: f"{name} (single process)"
         for name in ("rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes")
     }
-    return Layout("single", 0, 0, 1, 1, 0, 1, names)
+    return Layout(0, 0, 1, 1, 0, 1, source="single", names=names)
 
 
 _DETECTORS: tuple[Callable[[Mapping[str, str]], Layout | None], ...] = (
@@ -251,7 +251,7 @@ def _mpi_layout(
         names["node_rank"] = f"{names['rank']}/{names['local_world_size']}"
     names["num_nodes"] = f"{names['world_size']}/{names['local_world_size']}"
     nodes = math.ceil(world / local_world)
-    return Layout(source, rank=rank, local_rank=local_rank, world_size=world,
+    return Layout(source=source, rank=rank, local_rank=local_rank, world_size=world,
                   local_world_size=local_world, node_rank=node_rank, num_nodes=nodes, names=names,
                   hosts=lambda: _allocation_hosts(env))
 

@@ -10,22 +10,32 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from nodescale.errors import UserError
 
 
-@dataclass
-class Layout:
-    """What one detector read, with the variable each number came from (for error messages)."""
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one process sits in its job: the six numbers every launcher gives."""
 
-    source: str
     rank: int
     local_rank: int
     world_size: int
     local_world_size: int
     node_rank: int
     num_nodes: int
+
+    def place(self) -> dict[str, int]:
+        """The six numbers alone, as keywords for another record of this process."""
+        return {f.name: getattr(self, f.name) for f in fields(RankPlace)}
+
+
+@dataclass(frozen=True)
+class Layout(RankPlace):
+    """What one detector read, with the variable each number came from (for error messages)."""
+
+    source: str
     names: dict[str, str]
     hosts: Callable[[], list[str]] = field(default=lambda: [])
 

@@ -42,9 +42,9 @@ TRAINER_FILE = "trainer.pt"  # inside a sharded checkpoint directory
 _NAME = re.compile(r"^step-(\d{8,})(\.pt)?$")
 
 
-def is_sharded_format(fmt: str, strategy_name: str) -> bool:
-    """Whether ``checkpoint.format`` means every rank writes its shards (``auto``: for fsdp and deepspeed)."""
-    return fmt == "sharded" or (fmt == "auto" and strategy_name in ("fsdp", "deepspeed"))
+def is_sharded_format(fmt: str, shards_state: bool) -> bool:
+    """Whether ``checkpoint.format`` means every rank writes its shards (``auto``: where the strategy shards)."""
+    return fmt == "sharded" or (fmt == "auto" and shards_state)
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:

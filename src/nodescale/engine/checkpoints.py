@@ -82,7 +82,7 @@ def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, pre
         "config": config,
     }
     keep = cfg.checkpoint.keep_last
-    if prepared is not None and checkpoint_files.is_sharded_format(cfg.checkpoint.format, prepared.strategy.name):
+    if prepared is not None and checkpoint_files.is_sharded_format(cfg.checkpoint.format, prepared.strategy.shards_state):
         state["layout"] = prepared.strategy.sharded_layout
         return checkpoint_files.write_sharded(
             run_dir, step, runtime.is_main, lambda: barrier(runtime),

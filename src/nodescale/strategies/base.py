@@ -69,6 +69,7 @@ class Updater(Protocol):
 class Strategy(Protocol):
     name: str  # its section's (which says the rest: whether it needs a process group, its options)
     sharded_layout: str  # what save_sharded writes: "torch-dcp" or "deepspeed"
+    shards_state: bool  # checkpoint.format auto: every rank writes its shards (FSDP, DeepSpeed)
 
     def wrap(self, model: nn.Module, runtime: Runtime) -> nn.Module:
         """The model, on its device, ready for parallel training."""

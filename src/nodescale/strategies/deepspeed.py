@@ -93,6 +93,7 @@ class DeepSpeedUpdater:
 
 class DeepSpeedStrategy:
     sharded_layout = "deepspeed"
+    shards_state = True
 
     def __init__(self, cfg: DeepSpeedSection, precision: str = "fp32") -> None:
         self.cfg = cfg

@@ -49,6 +49,7 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class FSDPStrategy(TorchNative):
+    shards_state = True
     cfg: FSDPSection
     mesh: DeviceMesh | None = None  # built by wrap
 

@@ -25,6 +25,7 @@ from nodescale.strategies.torch_updater import TorchUpdater
 
 class TorchNative:
     sharded_layout = "torch-dcp"
+    shards_state = False
 
     def __init__(self, cfg: StrategySection, precision: str = "fp32") -> None:
         self.cfg = cfg
