@@ -237,3 +237,12 @@ def test_the_generated_config_follows_the_run() -> None:
                           grad_clip=None, cpu_offload="none", has_batchnorm=False)
     assert merged["train_batch_size"] == 8 and merged["zero_optimization"] == {"stage": 3, "overlap_comm": True}
     assert user["train_batch_size"] == "auto"  # the caller's dict is left as it was
+
+
+def test_deepspeed_is_imported_without_mlflow_which_stays_importable() -> None:
+    # MLflow (installed here for --log mlflow) cost each DeepSpeed rank seconds of start-up.
+    program = ("import sys; from nodescale.strategies.deepspeed import import_deepspeed; import_deepspeed('cpu'); "
+               "assert 'mlflow' not in sys.modules, 'mlflow was imported'; import mlflow; print('ok')")
+    result = subprocess.run([sys.executable, "-c", program], env=cli_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr
