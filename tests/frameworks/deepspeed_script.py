@@ -6,10 +6,17 @@ one JSON line per rank; writes nothing else.
 import gc
 import json
 import os
+import sys
 
-import deepspeed
-import torch
-import torch.distributed as dist
+sys.modules["mlflow"] = None  # only DeepSpeed's autotuner uses MLflow: importing it costs seconds
+import deepspeed  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+del sys.modules["mlflow"]
+# On CPU, DeepSpeed JIT-builds a shared-memory all-reduce (inference only) on first use: a minute of
+# compiling. nodescale's own DeepSpeed strategy turns it off the same way.
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 CONFIG = {
     "train_micro_batch_size_per_gpu": 8,
