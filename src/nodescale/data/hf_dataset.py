@@ -47,8 +47,9 @@ def open_splits(cfg: DataSection) -> dict[Split | None, Any]:
         parts = {None: saved}
     for part in parts.values():
         if cfg.text_key not in part.column_names:
-            raise UserError(f"saved dataset {path}", f"has no column {cfg.text_key!r} (its columns:"
-                            f" {', '.join(map(repr, part.column_names))})", "--set data.text_key=COLUMN, the column of text")
+            columns = ", ".join(map(repr, part.column_names))
+            raise UserError(f"saved dataset {path}", f"has no column {cfg.text_key!r} (its columns: {columns})",
+                            "--set data.text_key=COLUMN, the column of text")
     return parts
 
 

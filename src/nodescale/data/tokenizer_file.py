@@ -71,7 +71,9 @@ class TextTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, without the special tokens a post-processor would add (BOS and the like)."""
-        return [encoding.ids for encoding in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        # The fast variant (tokenizers >= 0.20) skips the character offsets: same ids, a third less time.
+        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
 
 
 def open_tokenizer(path: Path, eos_token: str | None, dataset: str) -> TextTokenizer:
