@@ -228,16 +228,19 @@ def test_unchanged_sources_reuse_the_cache_and_changed_ones_rebuild_it(tmp_path,
     tokenizer.write_bytes(tokenizer_file.read_bytes())
     cfg = settings("text", source, tokenizer, val_fraction=0.25)
     first = build(text.FORMAT, cfg)
-    stat = (first / "train.bin").stat()
+    stat, stat_of_source = (first / "train.bin").stat(), source.stat()
     assert build(text.FORMAT, cfg) == first
     assert ((first / "train.bin").stat().st_ino, (first / "train.bin").stat().st_mtime_ns) == (
         stat.st_ino, stat.st_mtime_ns)
 
-    write_paragraphs(source, ["Brand new words here.", *PARAGRAPHS[1:]])
+    changed = [PARAGRAPHS[0].replace("cat", "dog"), *PARAGRAPHS[1:]]
+    write_paragraphs(source, changed)  # same size: only the modification time tells
+    os.utime(source, ns=(stat_of_source.st_atime_ns, stat_of_source.st_mtime_ns + 10**9))  # coarse clocks
+    assert source.stat().st_size == stat_of_source.st_size
     assert build(text.FORMAT, cfg) == first  # one cache per source, replaced
     _, train, _ = read_cache(first)
     assert (first / "train.bin").stat().st_ino != stat.st_ino
-    assert train.tolist()[:6] == expected_ids(tokenizer_file, ["Brand new words here."])[:6]
+    assert train.tolist() == expected_ids(tokenizer_file, split(changed, VAL_AT_A_QUARTER)[0])
 
     rebuilt = (first / "train.bin").stat().st_ino
     tokenizer.write_text(json.dumps(json.loads(tokenizer.read_text())))  # same tokenizer, other bytes
