@@ -20,6 +20,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import tokenizers
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
@@ -724,6 +725,14 @@ print(json.dumps({"imported_torch": imported_torch, "error": error, "torch": "to
 """
 
 
+def write_word_tokenizer(path: Path) -> Path:
+    """A three-word tokenizer.json whose </s> ends documents."""
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel({"</s>": 0, "a": 1, "b": 2}, unk_token="</s>"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(path))
+    return path
+
+
 def test_checks_do_not_import_torch(tmp_path):
     """The launcher checks every format before starting workers; torch would cost it 1.5 s."""
     write_mnist(tmp_path / "mnist", gz=True)
@@ -732,6 +741,12 @@ def test_checks_do_not_import_torch(tmp_path):
     keys, layout = HDF5_LAYOUTS["groups"]
     write_hdf5(tmp_path / "data.h5", keys, layout, n_train=4, n_val=2)
     (tmp_path / "empty").mkdir()
+    import datasets  # not at the top: 1.2 s to import
+
+    tokenizer = str(write_word_tokenizer(tmp_path / "tokenizer.json"))
+    (tmp_path / "c.txt").write_text("a b\n\nb a\n")
+    (tmp_path / "c.jsonl").write_text('{"text": "a b"}\n')
+    datasets.Dataset.from_dict({"text": ["a b", "b a"]}).save_to_disk(str(tmp_path / "saved"))
     cases = [
         ("digits", {}),
         ("mnist", {"dir": str(tmp_path / "mnist")}),
@@ -740,6 +755,9 @@ def test_checks_do_not_import_torch(tmp_path):
         ("hdf5", {"dir": str(tmp_path / "data.h5")}),
         ("synthetic", {"samples": 8}),
         ("regression", {"samples": 8}),
+        ("text", {"dir": str(tmp_path / "c.txt"), "tokenizer": tokenizer}),
+        ("jsonl", {"dir": str(tmp_path / "c.jsonl"), "tokenizer": tokenizer}),
+        ("hf_dataset", {"dir": str(tmp_path / "saved"), "tokenizer": tokenizer}),
     ]
     assert {name for name, _ in cases} == set(DATASETS), "every registered format needs a case here"
     failing = ("mnist", {"dir": str(tmp_path / "empty")})

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nodescale.data.base import DatasetSplits
+from nodescale.data.cache_location import CACHE_ENV, cache_dir
 from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
@@ -39,7 +40,6 @@ EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".gif", ".webp")
 MEAN = (0.485, 0.456, 0.406)  # ImageNet
 STD = (0.229, 0.224, 0.225)
 INDEX_VERSION = 1
-CACHE_ENV = "NODESCALE_CACHE_DIR"
 
 
 @dataclass
@@ -197,11 +197,6 @@ def scan(root: Path, check_size: bool) -> FolderIndex:
         train = _scan_classes(top, ".", dirs)
     size = _common_size(top, [train] if val is None else [train, val]) if check_size else None
     return FolderIndex(top, sorted(train), train, val, dirs, size)
-
-
-def cache_dir() -> Path:
-    """Where indexes are kept: ``$NODESCALE_CACHE_DIR`` or ``~/.cache/nodescale``."""
-    return Path(os.environ.get(CACHE_ENV) or "~/.cache/nodescale").expanduser()
 
 
 def index_path(root: Path) -> Path:

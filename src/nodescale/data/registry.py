@@ -24,7 +24,7 @@ class DatasetEntry:
     """Where a format lives, what task it serves and what files it expects."""
 
     module: str
-    task: Literal["classification", "regression", "any"]
+    task: Literal["classification", "regression", "language_modeling", "any"]
     needs_dir: bool
     layout: str  # what --data-dir must point at, for error hints
     description: str
@@ -66,6 +66,21 @@ DATASETS: dict[str, DatasetEntry] = {
     "regression": DatasetEntry(
         "nodescale.data.regression", "regression", False, "no files needed",
         "random 20-feature vectors with a noisy linear target (for the toy model)",
+    ),
+    "text": DatasetEntry(
+        "nodescale.data.text", "language_modeling", True,
+        "a .txt file, or a directory of them (data.tokenizer: tokenizer.json)",
+        "UTF-8 text, one document per paragraph, tokenised once into cached token files",
+    ),
+    "jsonl": DatasetEntry(
+        "nodescale.data.jsonl", "language_modeling", True,
+        "a .jsonl file, or a directory of them, one {\"text\": ...} object a line (data.tokenizer: tokenizer.json)",
+        "JSON Lines documents, tokenised once into cached token files",
+    ),
+    "hf_dataset": DatasetEntry(
+        "nodescale.data.hf_dataset", "language_modeling", True,
+        "the directory datasets' save_to_disk wrote, with a text column (data.tokenizer: tokenizer.json)",
+        "a Hugging Face dataset saved to disk, tokenised once into cached token files",
     ),
 }
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -30,6 +30,21 @@ class DataSection(Section):
     )
     channels: int = Field(3, ge=1, description="synthetic: image channels")
     num_classes: int = Field(10, ge=1, description="synthetic: number of classes")
+    tokenizer: Path | None = Field(
+        None, description="text/jsonl/hf_dataset: the Hugging Face tokenizer.json (or a directory holding it)"
+    )
+    text_key: str = Field("text", min_length=1, description="jsonl/hf_dataset: the key or column holding the text")
+    text_unit: Literal["paragraph", "file"] = Field(
+        "paragraph", description="text: one document per paragraph (between blank lines) or per file"
+    )
+    eos_token: str | None = Field(
+        None, min_length=1, description="text/jsonl/hf_dataset: the token after each document; default: the"
+        " tokenizer's own (<|endoftext|>, </s>, ...)"
+    )
+    val_dir: Path | None = Field(
+        None, description="text/jsonl: validation documents of their own (a file or directory);"
+        " default: data.val_fraction of the documents"
+    )
 
     @field_validator("name")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Task = Literal["classification", "regression"]
+Task = Literal["classification", "regression", "language_modeling"]
 
 
 @dataclass(frozen=True)
