@@ -50,7 +50,7 @@ def check_hf_dir(name: str) -> dict[str, object]:
     if not path.is_dir():
         raise UserError(what, f"directory {str(path)!r} does not exist",
                         f"give a local directory (relative paths start in {Path.cwd()}); nodescale never downloads "
-                        "models: fetch it first, e.g. `huggingface-cli download ORG/NAME --local-dir DIR`")
+                        "models: fetch it first, e.g. `hf download ORG/NAME --local-dir DIR`")
     config = path / CONFIG_FILE
     if not config.is_file():
         present = sorted(p.name for p in path.iterdir())[:8]
