@@ -64,7 +64,7 @@ def test_the_launcher_reads_the_file_without_running_it(tmp_path: Path, monkeypa
         assert check_ref("model", f"m.py:{name}").function == name
     cases = {"m.py:biuld": ("defines no 'biuld'", "did you mean 'build'?"),
              "gone.py:build": ("does not exist", "relative paths start in"),
-             "hf:google/vit-base": ("not supported yet", "from_pretrained"),
+             "hf:/models/llama": ("only --model takes", "mycode.py:load"),  # a model's hf: is no code reference
              "m.py:not-a-name": ("must be FILE.py:FUNCTION", "mycode.py:build")}
     (tmp_path / "broken.py").write_text("def build(:\n")
     cases["broken.py:build"] = ("is not valid Python (line 1", "py_compile")
@@ -72,7 +72,6 @@ def test_the_launcher_reads_the_file_without_running_it(tmp_path: Path, monkeypa
         with pytest.raises(UserError) as caught:
             check_ref("model", text)
         assert rule in caught.value.rule and hint in (caught.value.hint or ""), text
-    assert "language-model" in str(pytest.raises(UserError, check_ref, "model", "hf:x").value)
     # package.module:FN is found without importing the package (its __init__ raises)
     monkeypatch.syspath_prepend(str(code))
     assert check_ref("model", "trap.mod:build").target == "trap.mod"
@@ -269,7 +268,7 @@ print(json.dumps(results))
 BAD_INPUTS: dict[str, tuple[list[str], list[str]]] = {
     "missing_file": (["--model", "gone.py:build"], ["'gone.py' does not exist", "hint: check the path"]),
     "missing_function": (["--model", "user.py:biuld"], ["user.py defines no 'biuld'", "did you mean 'build'?"]),
-    "hugging_face": (["--model", "hf:org/model"], ["not supported yet", "hint: build the model in a file"]),
+    "hugging_face": (["--model", "hf:org/model"], ["directory 'org/model' does not exist", "never downloads"]),
     "raises": (["--model", "bad.py:raises"], ["raised ValueError: the widths do not add up (building the model)",
                                               'bad.py", line 13, in helper', "hint: fix bad.py at the line shown"]),
     "not_a_module": (["--model", "bad.py:not_a_module"], ["returned the class Linear: must return a torch.nn.Module",

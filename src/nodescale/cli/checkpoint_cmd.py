@@ -15,12 +15,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     export = actions.add_parser(
-        "export", help="write the model's whole state dict to one file",
+        "export", help="write the model's whole state dict to one file, or a Hugging Face directory",
         description="Consolidate a checkpoint (the newest of a run directory, or the one named) into one "
-        "torch.save file that `model.load_state_dict(torch.load(FILE))` accepts on any machine.",
+        "torch.save file that `model.load_state_dict(torch.load(FILE))` accepts on any machine, or (--format hf) "
+        "into a directory that transformers' AutoModelForCausalLM.from_pretrained(DIR) loads.",
     )
     export.add_argument("path", type=Path, metavar="RUN_DIR|CHECKPOINT")
-    export.add_argument("--out", type=Path, required=True, metavar="FILE", help="where to write the state dict")
+    export.add_argument("--out", type=Path, required=True, metavar="FILE|DIR",
+                        help="where to write the state dict (--format pt) or the new directory (--format hf)")
+    export.add_argument("--format", choices=("pt", "hf"), default="pt",
+                        help="pt: one torch.save file of the state dict (default); hf: config.json + "
+                        "model.safetensors, for hf:DIR models (and built-ins with a Hugging Face twin)")
     export.set_defaults(handler=run_export)
     info = actions.add_parser("info", help="show what a checkpoint holds")
     info.add_argument("path", type=Path, metavar="RUN_DIR|CHECKPOINT")
@@ -35,6 +40,13 @@ def run_export(args: argparse.Namespace) -> int:
     from nodescale.train.export import consolidated_model_state, resolve
 
     source = resolve(args.path)
+    if args.format == "hf":
+        from nodescale.train.hf_export import export_hf
+
+        model = export_hf(source, args.out)
+        values = sum(parameter.numel() for parameter in model.parameters())
+        print(f"nodescale: wrote {type(model).__name__} ({values:,} parameters) from {source} to {args.out}/")
+        return 0
     state = consolidated_model_state(source)
     if args.out.parent != Path():
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,10 +11,10 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def list_models(args: argparse.Namespace) -> int:
-    from nodescale.models.registry import MODELS
+    from nodescale.models.registry import HF_MODEL, MODELS
 
-    for name, entry in MODELS.items():
-        print(f"{name:<10} {entry.task:<15} {entry.description}")
+    for name, entry in {**MODELS, "hf:DIR": HF_MODEL}.items():
+        print(f"{name:<10} {entry.task:<18} {entry.description}")
     return 0
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from nodescale.data.registry import DATASETS
 from nodescale.errors import UserError
-from nodescale.models.registry import MODELS
+from nodescale.models.registry import model_entry
 from nodescale.plugins.refs import is_plugin
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def _check_what_is_trained(cfg: RunConfig) -> None:
         raise UserError(f"strategy.fsdp_units {','.join(cfg.strategy.fsdp_units)}",
                         "names the units of --strategy fsdp and of --activation-checkpointing",
                         "use one of them, or drop strategy.fsdp_units")
-    if cfg.train.activation_checkpointing and not is_plugin(model) and not MODELS[model].has_blocks \
+    if cfg.train.activation_checkpointing and not is_plugin(model) and not model_entry(model).has_blocks \
             and not cfg.strategy.fsdp_units:
         raise UserError(
             f"--activation-checkpointing with model {model!r}",
@@ -80,13 +80,14 @@ def _check_what_is_trained(cfg: RunConfig) -> None:
                         "use --loss auto (the dataset's task picks it)")
     if is_plugin(model) or is_plugin(data):
         return  # their tasks are known once built: the workers check them
-    model_task = MODELS[model].task
+    model_task = model_entry(model).task
     if model_task != "any" and data_task != "any" and model_task != data_task:
         compatible = sorted(n for n, d in DATASETS.items() if d.task in (model_task, "any"))
         raise UserError(
             f"model {model!r} with dataset {data!r}",
             f"the model does {model_task} but the dataset is for {data_task}",
-            f"use one of these datasets: {', '.join(compatible)}",
+            f"use one of these datasets: {', '.join(compatible)}" if compatible else
+            "give your own: --dataset FILE.py:FN",
         )
     if DATASETS[data].needs_dir and cfg.data.dir is None:
         raise UserError(

@@ -4,6 +4,8 @@ The top level stays free of torch (the launcher calls ``check``); ``load`` impor
 Samples are converted on the way out, so the user may return numpy arrays or
 numbers: inputs become tensors (float64 becomes float32), integer targets int64
 class indices, float targets float32 vectors (a scalar becomes a vector of one).
+Token sequences, integer inputs of shape (seq_len,) with integer targets of the same
+shape (the next tokens), are language modelling.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ class Converted:
         if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
             raise UserError(self.ref.what, f"sample {index} of the {self.split} set is {_describe(sample)}: "
                             "must be a pair (input, target)", PAIR_HINT)
-        return self._tensor(sample[0], index, "input"), self._target(sample[1], index)
+        x = self._tensor(sample[0], index, "input")
+        return x, self._target(sample[1], index, x)
 
     def _tensor(self, value: Any, index: int, part: str) -> torch.Tensor:
         import torch
@@ -90,21 +93,28 @@ class Converted:
                             "return tensors, numpy arrays or numbers (images: torchvision's ToTensor)") from None
         return tensor.float() if tensor.dtype == torch.float64 else tensor
 
-    def _target(self, value: Any, index: int) -> torch.Tensor:
+    def _target(self, value: Any, index: int, x: torch.Tensor) -> torch.Tensor:
         import torch
 
         target = self._tensor(value, index, "target")
         if target.is_floating_point():
             return target.float().reshape(1) if target.dim() == 0 else target.float()
-        if target.dtype == torch.bool or target.is_complex() or target.dim() != 0:
+        if target.dtype == torch.bool or target.is_complex() or (target.dim() != 0 and not _are_tokens(x, target)):
             raise UserError(self.ref.what, f"the target of sample {index} of the {self.split} set has dtype "
-                            f"{target.dtype} and shape {tuple(target.shape)}: must be a class index (an integer) "
-                            "or float regression targets", "return one integer class per sample, or floats")
+                            f"{target.dtype} and shape {tuple(target.shape)}: must be a class index (an integer), "
+                            "float regression targets, or the next token ids (integers of the input's shape "
+                            "(seq_len,))", "return one integer class per sample, or floats, or token ids")
         return target.long()
 
 
+def _are_tokens(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether ``(x, y)`` is a language-modelling sample: integer token ids in and out, both (seq_len,)."""
+    return y.dim() == 1 and x.shape == y.shape and not x.is_floating_point() and not x.is_complex()
+
+
 def derive_spec(x: torch.Tensor, y: torch.Tensor, train: Any) -> InputSpec:
-    """The ``InputSpec`` of converted sample ``(x, y)``: classification for an integer target, else regression.
+    """The ``InputSpec`` of converted sample ``(x, y)``: classification for an integer target, language modelling
+    for integer token ids (``num_classes``: the ``vocab_size`` ``train`` declares, else 0), else regression.
 
     ``num_classes``: the regression target's size; for classification, what ``train``
     declares (``num_classes``, ``classes``, ``targets``, as torchvision's datasets do),
@@ -113,6 +123,8 @@ def derive_spec(x: torch.Tensor, y: torch.Tensor, train: Any) -> InputSpec:
     """
     if y.is_floating_point():
         return InputSpec(tuple(x.shape), y.numel(), "regression")
+    if y.dim() == 1:  # token ids (Converted lets no other integer vector through)
+        return InputSpec(tuple(x.shape), int(getattr(train, "vocab_size", 0) or 0), "language_modeling")
     return InputSpec(tuple(x.shape), declared_classes(train), "classification")
 
 

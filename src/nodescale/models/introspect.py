@@ -22,15 +22,19 @@ import torch
 from torch import nn
 
 from nodescale.errors import UserError
+from nodescale.models.hf_logits import CausalLMLogits
 from nodescale.models.spec import InputSpec
 
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's model inside the strategies' wrappers (DataParallel, DistributedDataParallel, DeepSpeed's
-    engine; FSDP2 shards in place) and ``torch.compile``'s: the one unwrap of nodescale."""
+    engine; FSDP2 shards in place) and ``torch.compile``'s, and an ``hf:`` model's Hugging Face model inside
+    its logits-only forward (same parameter names): the one unwrap of nodescale."""
     while True:
         if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)) or _is_deepspeed_engine(model):
             model = model.module
+        elif isinstance(model, CausalLMLogits):
+            model = model.causal_lm
         elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
             model = model._orig_mod
         else:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from nodescale.errors import unknown_choice
+from nodescale.plugins.hf_dirs import is_hf_model
 
 if TYPE_CHECKING:
     from torch import nn
@@ -25,7 +26,7 @@ class ModelEntry:
     """Where a model's builder lives and what task it does."""
 
     builder: str  # "module:function", the function taking (ModelSection, InputSpec)
-    task: Literal["classification", "regression", "any"]
+    task: Literal["classification", "regression", "language_modeling", "any"]
     description: str
     has_blocks: bool = True  # declares repeated blocks (FSDP units, activation checkpointing)
 
@@ -79,16 +80,30 @@ MODELS: dict[str, ModelEntry] = {
 }
 
 
+# ``hf:DIR``: any causal language model that transformers builds from DIR/config.json.
+HF_MODEL = ModelEntry(
+    "nodescale.models.hf:build_hf", "language_modeling",
+    "a Hugging Face causal language model from a local directory (config.json, safetensors weights)",
+)
+
+
+def model_entry(name: str) -> ModelEntry:
+    """The entry of a built-in model name or of ``hf:DIR`` (not of the user's ``FILE.py:FN``)."""
+    if is_hf_model(name):
+        return HF_MODEL
+    if name not in MODELS:
+        raise unknown_choice("model", name, MODELS)
+    return MODELS[name]
+
+
 def build_model(cfg: ModelSection, spec: InputSpec) -> nn.Module:
     """The model named in ``cfg``, shaped for samples described by ``spec``.
 
     A name ``FILE.py:FUNCTION`` (or ``package.module:FUNCTION``) is the user's own
     function, called with ``cfg.args``; it does not need ``spec``.
     """
-    if ":" in cfg.name:
+    if ":" in cfg.name and not is_hf_model(cfg.name):
         from nodescale.models.user_model import build_user_model
 
         return build_user_model(cfg)
-    if cfg.name not in MODELS:
-        raise unknown_choice("model", cfg.name, MODELS)
-    return MODELS[cfg.name].build(cfg, spec)
+    return model_entry(cfg.name).build(cfg, spec)

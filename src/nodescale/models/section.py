@@ -14,8 +14,9 @@ from nodescale.section import Section, known_or_plugin
 
 class ModelSection(Section):
     name: str = Field(
-        "cnn", description="model to train: a built-in one (see `nodescale models`), or your function that "
-        "returns an nn.Module, FILE.py:FUNCTION or package.module:FUNCTION"
+        "cnn", description="model to train: a built-in one (see `nodescale models`), hf:DIR (a Hugging Face causal "
+        "language model in a local directory), or your function that returns an nn.Module, FILE.py:FUNCTION or "
+        "package.module:FUNCTION"
     )
     args: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments of your model function, e.g. --set model.args.width=64"

@@ -13,9 +13,9 @@ class InputSpec:
     """Shape of one input sample and what is predicted from it.
 
     ``shape`` is per sample, without the batch dimension: ``(C, H, W)`` for
-    images, ``(F,)`` for feature vectors. ``num_classes`` is the number of
-    classes for classification and the number of regression targets for
-    regression.
+    images, ``(F,)`` for feature vectors, ``(seq_len,)`` for token ids. ``num_classes``
+    is the number of classes for classification, the number of regression targets
+    for regression, and the vocabulary for language modelling (0: not known yet).
     """
 
     shape: tuple[int, ...]

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodescale.errors import UserError, did_you_mean
+from nodescale.plugins.hf_dirs import HF_PREFIX, absolute_hf_name, is_hf_model
 
-# Reserved for Hugging Face model directories, which come with language-model support.
-HF_PREFIX = "hf:"
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -44,22 +43,16 @@ class PluginRef:
 
 
 def is_plugin(name: str) -> bool:
-    """Whether a model/dataset/loss name is a reference to the user's code rather than a built-in name."""
-    return ":" in str(name)
+    """Whether a model/dataset/loss name is a reference to the user's code (not a built-in name, not ``hf:DIR``)."""
+    return ":" in str(name) and not is_hf_model(name)
 
 
 def parse_ref(role: str, text: str) -> PluginRef:
     """``text`` split into file or module and function; a malformed one is a ``UserError``."""
     text = str(text).strip()
-    if text.startswith(HF_PREFIX):
-        raise UserError(
-            f"{role} {text!r}",
-            "Hugging Face directories ('hf:') are not supported yet: they come with language-model support "
-            "(the 'language models and the Hugging Face stack' issue)",
-            "build the model in a file of your own: --model mymodel.py:build, where build() returns e.g. "
-            "AutoModelForImageClassification.from_pretrained('/local/dir')" if role == "model" else
-            f"load it in a function of your own: --{role} mycode.py:load",
-        )
+    if text.startswith(HF_PREFIX):  # only models come from Hugging Face directories (plugins.hf_dirs)
+        raise UserError(f"{role} {text!r}", "'hf:' names a Hugging Face model directory, which only --model takes",
+                        f"load it in a function of your own: --{role} mycode.py:load")
     target, _, function = text.rpartition(":")
     example = f"--{role} mycode.py:build or --{role} mypackage.mymodule:build"
     if not target or not function.isidentifier():
@@ -73,8 +66,11 @@ def parse_ref(role: str, text: str) -> PluginRef:
 
 
 def absolute_ref(text: str, base: Path) -> str:
-    """``text`` with a relative file made absolute against ``base``; modules and built-in names unchanged."""
-    if not is_plugin(text) or str(text).startswith(HF_PREFIX):
+    """``text`` with a relative file (or ``hf:DIR``) made absolute against ``base``; modules and built-in names
+    unchanged."""
+    if is_hf_model(text):
+        return absolute_hf_name(text, base)
+    if not is_plugin(text):
         return text
     target, _, function = str(text).strip().rpartition(":")
     if not _names_a_file(target) or Path(target).is_absolute():

@@ -93,6 +93,8 @@ def probe(model: nn.Module, splits: DatasetSplits, spec: InputSpec, loss: LossFn
     default_loss = cfg.train.loss in ("auto", "cross_entropy", "mse")
     if spec.task == "classification" and default_loss:
         spec = _check_classes(output, splits, spec, cfg)
+    elif spec.task == "language_modeling" and default_loss:
+        spec = _check_tokens(output, y, spec)
     elif spec.task == "regression" and default_loss and output.shape[1:] != y.shape[1:]:
         raise UserError(f"model output of shape {tuple(output.shape[1:])} per sample",
                         f"does not match the regression targets' shape {tuple(y.shape[1:])}",
@@ -120,6 +122,20 @@ def _check_classes(output: torch.Tensor, splits: DatasetSplits, spec: InputSpec,
                         f"(classes 0..{width - 1})",
                         f"give the model one output per class (at least {high + 1}), or number the classes from 0")
     return replace(spec, num_classes=width) if is_plugin(cfg.model.name) else spec
+
+
+def _check_tokens(output: torch.Tensor, y: torch.Tensor, spec: InputSpec) -> InputSpec:
+    """Logits (batch, seq_len, vocab) for next-token targets (batch, seq_len), the targets within the vocabulary."""
+    if output.dim() != 3 or output.shape[:2] != y.shape:
+        raise UserError(f"model output of shape {tuple(output.shape)} for token targets of shape {tuple(y.shape)}",
+                        "a language model's output must be logits (batch, seq_len, vocab)",
+                        "return the logits of every position")
+    vocab, high = output.shape[2], int(y.max())
+    if high >= vocab or int(y.min()) < 0:
+        raise UserError(f"token id {high if high >= vocab else int(y.min())} in the training targets",
+                        f"is outside the model's vocabulary of {vocab} (ids 0..{vocab - 1})",
+                        "tokenise with the model's own tokenizer, or give the model a larger vocabulary")
+    return replace(spec, num_classes=vocab)
 
 
 def _count_classes(train: Any) -> int:

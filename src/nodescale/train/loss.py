@@ -24,15 +24,19 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (output, target
 
 
 def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: Task) -> torch.Tensor:
-    """Cross-entropy per sample for classification, mean squared error per sample for regression."""
+    """Cross-entropy per sample for classification, mean squared error per sample for regression;
+    for language modelling the mean cross-entropy over a sample's tokens (logits (B, T, V), targets (B, T))."""
     if task == "regression":
         return F.mse_loss(output.float(), target.float(), reduction="none").flatten(1).mean(dim=1)
+    if task == "language_modeling":
+        return F.cross_entropy(output.float().flatten(0, 1), target.flatten(), reduction="none") \
+            .view(target.shape).mean(dim=1)
     return F.cross_entropy(output.float(), target, reduction="none")
 
 
 def correct(output: torch.Tensor, target: torch.Tensor, task: Task) -> torch.Tensor | None:
-    """1.0 where the predicted class is right (``None`` for regression)."""
-    if task == "regression":
+    """1.0 where the predicted class is right (``None`` for regression and language modelling)."""
+    if task != "classification":
         return None
     return (output.argmax(dim=1) == target).float()
 
