@@ -732,6 +732,9 @@ def test_checks_do_not_import_torch(tmp_path):
     keys, layout = HDF5_LAYOUTS["groups"]
     write_hdf5(tmp_path / "data.h5", keys, layout, n_train=4, n_val=2)
     (tmp_path / "empty").mkdir()
+    (tmp_path / "tokens").mkdir()
+    for name in ("train.bin", "val.bin"):
+        np.arange(300, dtype=np.uint16).tofile(tmp_path / "tokens" / name)
     cases = [
         ("digits", {}),
         ("mnist", {"dir": str(tmp_path / "mnist")}),
@@ -740,6 +743,8 @@ def test_checks_do_not_import_torch(tmp_path):
         ("hdf5", {"dir": str(tmp_path / "data.h5")}),
         ("synthetic", {"samples": 8}),
         ("regression", {"samples": 8}),
+        ("pydoc", {}),
+        ("tokens", {"dir": str(tmp_path / "tokens"), "seq_len": 8}),
     ]
     assert {name for name, _ in cases} == set(DATASETS), "every registered format needs a case here"
     failing = ("mnist", {"dir": str(tmp_path / "empty")})

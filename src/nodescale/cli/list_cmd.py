@@ -14,7 +14,7 @@ def list_models(args: argparse.Namespace) -> int:
     from nodescale.models.registry import MODELS
 
     for name, entry in MODELS.items():
-        print(f"{name:<10} {entry.task:<15} {entry.description}")
+        print(f"{name:<11} {entry.task:<17} {entry.description}")
     return 0
 
 

@@ -24,10 +24,11 @@ class DatasetEntry:
     """Where a format lives, what task it serves and what files it expects."""
 
     module: str
-    task: Literal["classification", "regression", "any"]
+    task: Literal["classification", "regression", "language_modeling", "any"]
     needs_dir: bool
     layout: str  # what --data-dir must point at, for error hints
     description: str
+    seq_len: int | None = None  # a language-model dataset's default data.seq_len
 
     def load_format(self) -> DatasetFormat:
         return importlib.import_module(self.module).FORMAT
@@ -66,6 +67,15 @@ DATASETS: dict[str, DatasetEntry] = {
     "regression": DatasetEntry(
         "nodescale.data.regression", "regression", False, "no files needed",
         "random 20-feature vectors with a noisy linear target (for the toy model)",
+    ),
+    "pydoc": DatasetEntry(
+        "nodescale.data.pydoc", "language_modeling", False, "no files needed",
+        "the bytes of Python's help topics (pydoc_data), for language models", seq_len=64,
+    ),
+    "tokens": DatasetEntry(
+        "nodescale.data.tokens", "language_modeling", True,
+        "a directory with train.bin and val.bin (flat uint16 or uint32 token ids, nanoGPT's format)",
+        "nanoGPT-style token files, memory-mapped, for language models", seq_len=1024,
     ),
 }
 

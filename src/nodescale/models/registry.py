@@ -25,7 +25,7 @@ class ModelEntry:
     """Where a model's builder lives and what task it does."""
 
     builder: str  # "module:function", the function taking (ModelSection, InputSpec)
-    task: Literal["classification", "regression", "any"]
+    task: Literal["classification", "regression", "language_modeling", "any"]
     description: str
     has_blocks: bool = True  # declares repeated blocks (FSDP units, activation checkpointing)
 
@@ -75,6 +75,22 @@ MODELS: dict[str, ModelEntry] = {
     "vit_b16": ModelEntry(
         "nodescale.models.vit:build_vit_b16", "classification",
         "ViT-B/16 (768 wide, 12 blocks, 12 heads)",
+    ),
+    "gpt_nano": ModelEntry(
+        "nodescale.models.gpt:build_gpt_nano", "language_modeling",
+        "Llama-style, 4 layers, 128 wide, 4 heads over 2 key/value heads (~1M parameters: tests, CPU)",
+    ),
+    "gpt2_small": ModelEntry(
+        "nodescale.models.gpt:build_gpt2_small", "language_modeling",
+        "GPT-2 small (124M: 12 layers, 768 wide, 12 heads, 1024 positions)",
+    ),
+    "gpt2_medium": ModelEntry(
+        "nodescale.models.gpt:build_gpt2_medium", "language_modeling",
+        "GPT-2 medium (355M: 24 layers, 1024 wide, 16 heads, 1024 positions)",
+    ),
+    "llama_1b": ModelEntry(
+        "nodescale.models.gpt:build_llama_1b", "language_modeling",
+        "Llama-3.2-1B-like (RoPE, RMSNorm, SwiGLU, 32 heads over 8 key/value heads, 16 layers, 2048 wide)",
     ),
 }
 
