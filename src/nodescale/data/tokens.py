@@ -76,8 +76,8 @@ def check_ids(tokens: np.ndarray, vocab: int, where: str) -> None:
     last = max(0, len(tokens) - SAMPLE_CHUNK)
     for start in sorted({int(s) for s in np.linspace(0, last, SAMPLE_CHUNKS)}):
         chunk = np.asarray(tokens[start:start + SAMPLE_CHUNK])
-        position = int(chunk.argmax())
-        if int(chunk[position]) >= vocab:
+        if int(chunk.max()) >= vocab:
+            position = int(np.argmax(chunk >= vocab))  # the first one
             raise UserError(f"token id {int(chunk[position])} at position {start + position:,} of {where}",
                             f"is at or above the vocabulary size {vocab}",
                             "set data.vocab_size to the tokenizer's vocabulary size (or data.token_dtype, if the "
