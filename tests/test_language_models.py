@@ -122,7 +122,7 @@ def test_windows_make_every_token_after_the_first_a_target_once(tmp_path: Path) 
     assert x.dtype == y.dtype == torch.int64 and x.shape == (31, 32)
     assert torch.equal(y.flatten(), torch.from_numpy(tokens[1:31 * 32 + 1].astype(np.int64)))
     assert torch.equal(x[:, 1:], y[:, :-1])  # each target is the token after its input
-    assert all(torch.equal(a, b) for a, b in zip(in_memory.get_batch(every, torch.device("cpu")), (x, y)))
+    assert all(torch.equal(a, b) for a, b in zip(in_memory.get_batch(every, torch.device("cpu")), (x, y), strict=True))
     assert torch.equal(mapped[5][1], y[5])
 
 
@@ -224,7 +224,8 @@ def lm_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("language-models")
     corpus = np.frombuffer(corpus_bytes(), dtype=np.uint8).astype(np.uint16)
     write_tokens(root / "tok", corpus[:1535 * SEQ_LEN + 1], corpus[50_000:50_000 + 127 * SEQ_LEN + 1])
-    (root / "partition_all.json").write_text(json.dumps({"zero_optimization": {"stage3_param_persistence_threshold": 0}}))
+    partition_all = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}  # shard every parameter
+    (root / "partition_all.json").write_text(json.dumps(partition_all))
     run_cli([*DDP, "--out", "ddp"], cwd=root)
     run_cli([*RUN, "--nproc", "2", "--batch-size", "8", "--strategy", "fsdp", "--out", "fsdp"], cwd=root)
     run_cli([*RUN, "--nproc", "2", "--batch-size", "8", "--strategy", "deepspeed", "--zero-stage", "3",
