@@ -747,6 +747,9 @@ def test_checks_do_not_import_torch(tmp_path):
     (tmp_path / "c.txt").write_text("a b\n\nb a\n")
     (tmp_path / "c.jsonl").write_text('{"text": "a b"}\n')
     datasets.Dataset.from_dict({"text": ["a b", "b a"]}).save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "tokens").mkdir()
+    for name in ("train.bin", "val.bin"):
+        np.arange(300, dtype=np.uint16).tofile(tmp_path / "tokens" / name)
     cases = [
         ("digits", {}),
         ("mnist", {"dir": str(tmp_path / "mnist")}),
@@ -758,6 +761,8 @@ def test_checks_do_not_import_torch(tmp_path):
         ("text", {"dir": str(tmp_path / "c.txt"), "tokenizer": tokenizer}),
         ("jsonl", {"dir": str(tmp_path / "c.jsonl"), "tokenizer": tokenizer}),
         ("hf_dataset", {"dir": str(tmp_path / "saved"), "tokenizer": tokenizer}),
+        ("pydoc", {}),
+        ("tokens", {"dir": str(tmp_path / "tokens"), "seq_len": 8}),
     ]
     assert {name for name, _ in cases} == set(DATASETS), "every registered format needs a case here"
     failing = ("mnist", {"dir": str(tmp_path / "empty")})

@@ -30,7 +30,7 @@ CIFAR = InputSpec((3, 32, 32), 10)
 IMAGENET = InputSpec((3, 224, 224), 1000)
 FEATURES = InputSpec((20,), 1, task="regression")
 
-IMAGE_MODELS = sorted(name for name in MODELS if name != "toy")
+IMAGE_MODELS = sorted(name for name, entry in MODELS.items() if entry.task == "classification")
 
 
 def build(name: str, spec: InputSpec, device: str = "cpu", **fields: object) -> nn.Module:

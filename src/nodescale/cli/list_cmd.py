@@ -14,7 +14,7 @@ def list_models(args: argparse.Namespace) -> int:
     from nodescale.models.registry import HF_MODEL, MODELS
 
     for name, entry in {**MODELS, "hf:DIR": HF_MODEL}.items():
-        print(f"{name:<10} {entry.task:<18} {entry.description}")
+        print(f"{name:<11} {entry.task:<17} {entry.description}")
     return 0
 
 

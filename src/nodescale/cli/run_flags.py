@@ -29,6 +29,7 @@ FLAGS = (
     Flag("--dataset", "data.name"),
     Flag("--loss", "train.loss"),
     Flag("--data-dir", "data.dir"),
+    Flag("--seq-len", "data.seq_len"),
     Flag("--strategy", "strategy.name"),
     Flag("--nproc", "strategy.nproc"),
     Flag("--backend", "strategy.backend"),

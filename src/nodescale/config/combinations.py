@@ -74,7 +74,8 @@ def _check_what_is_trained(cfg: RunConfig) -> None:
         )
     data_task = None if is_plugin(data) else DATASETS[data].task
     loss_task = {"cross_entropy": "classification", "mse": "regression"}.get(cfg.train.loss)
-    if loss_task and data_task not in (None, "any", loss_task):
+    cross_entropy_task = loss_task == "classification" and data_task == "language_modeling"  # over each next token
+    if loss_task and data_task not in (None, "any", loss_task) and not cross_entropy_task:
         raise UserError(f"--loss {cfg.train.loss} with dataset {data!r}",
                         f"{cfg.train.loss} is a {loss_task} loss but the dataset is for {data_task}",
                         "use --loss auto (the dataset's task picks it)")

@@ -59,8 +59,9 @@ class TrainSection(Section):
     )
     progress: bool = Field(True, description="show a progress bar on rank 0")
     loss: str = Field(
-        "auto", description="per-sample loss: auto (cross_entropy for classification, mse for regression), "
-        "cross_entropy, mse, or your function (output, target) -> losses of shape (batch,), FILE.py:FUNCTION"
+        "auto", description="per-sample loss: auto (cross_entropy for classification and language modelling, mse "
+        "for regression), cross_entropy, mse, or your function (output, target) -> losses of shape (batch,), "
+        "FILE.py:FUNCTION"
     )
     activation_checkpointing: bool = Field(
         False, description="recompute each repeated block's activations in backward instead of keeping them"

@@ -15,7 +15,37 @@ import torch
 from torch.utils.data import Dataset
 
 
-class ArrayDataset(Dataset):
+class WholeBatchDataset(Dataset):
+    """A dataset that cuts a whole batch in one call: the loader's fast path (no per-sample Python).
+
+    Where ``nbytes`` is small enough the loader moves it to the accelerator once (``to``),
+    so batches are cut there with no host work per step.
+    """
+
+    def get_batch(self, indices: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples at ``indices`` (int64, on ``storage_device``) as one batch on ``device``."""
+        raise NotImplementedError
+
+    @property
+    def storage_device(self) -> torch.device:
+        """Where the samples are (the indices of a batch are moved there)."""
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the samples take on an accelerator once moved there."""
+        raise NotImplementedError
+
+    def to(self, device: torch.device, channels_last: bool = False) -> WholeBatchDataset:
+        """The same samples on ``device``."""
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.get_batch(torch.tensor([index]), torch.device("cpu"))
+        return x[0], y[0]
+
+
+class ArrayDataset(WholeBatchDataset):
     """Samples ``x[i]`` with labels ``y[i]``, normalised as ``(x / scale - mean) / std``.
 
     ``mean`` and ``std`` hold one value per channel (dimension 1 of ``x``) or a
@@ -46,10 +76,6 @@ class ArrayDataset(Dataset):
     def __len__(self) -> int:
         return len(self.x)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.get_batch(torch.tensor([index]), torch.device("cpu"))
-        return x[0], y[0]
-
     def get_batch(
         self, indices: torch.Tensor, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +103,10 @@ class ArrayDataset(Dataset):
             self._stats[key] = (torch.tensor(self.mean, device=x.device).view(shape),
                                 torch.tensor(self.std, device=x.device).view(shape))
         return self._stats[key]
+
+    @property
+    def storage_device(self) -> torch.device:
+        return self.x.device
 
     @property
     def nbytes(self) -> int:

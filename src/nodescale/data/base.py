@@ -29,8 +29,11 @@ class DatasetSplits:
 
     Both sets return ``(x, y)`` per index, ``x`` a float32 tensor of
     ``spec.shape`` and ``y`` an int64 class (classification) or a float32
-    vector of ``spec.num_classes`` targets (regression). Sets that can cut a
-    whole batch at once (``ArrayDataset``) also have ``get_batch``.
+    vector of ``spec.num_classes`` targets (regression); for language
+    modelling both are int64 token ids of shape ``(seq_len,)``, ``y`` the
+    tokens that follow ``x``'s. Sets that can cut a whole batch at once
+    (a ``WholeBatchDataset``: ``ArrayDataset``, ``TokenWindows``) also have
+    ``get_batch``.
     """
 
     train: Dataset

@@ -11,9 +11,10 @@ number of steps; ``ctx.backward`` weighs that batch 0, and ``loader.real_count``
 0 for it. The position (epoch, batch) is saved in checkpoints and resumed on any
 world size with the same global batch.
 
-In-memory arrays (nodescale's ``ArrayDataset``, a ``TensorDataset``) are cut a whole
-batch at a time; nodescale's arrays live on the accelerator when they fit, so a step
-costs no host work. Other datasets go through the ``DataLoader`` and its workers.
+In-memory arrays (nodescale's ``WholeBatchDataset``: ``ArrayDataset``, ``TokenWindows``;
+and a ``TensorDataset``) are cut a whole batch at a time; nodescale's live on the
+accelerator when they fit, so a step costs no host work. Other datasets go through the
+``DataLoader`` and its workers.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from nodescale.data.arrays import ArrayDataset, copy_to_device
+from nodescale.data.arrays import WholeBatchDataset, copy_to_device
 from nodescale.data.sharding import ShardPlan, window_totals
 
 # Arrays up to this size are moved to the accelerator once, so batches are cut on the
@@ -68,7 +69,7 @@ class EpochLoader:
         self.wait_seconds = 0.0  # time the loop waited for batches (loading, collation, the copy to the device)
         self.epoch_seconds: list[float] = []  # training time of each whole epoch (begun at its first batch)
         self.last_epoch_seconds: float | None = None  # of the epoch (or its resumed part) ended last
-        if isinstance(dataset, ArrayDataset) and device.type != "cpu" and dataset.nbytes <= RESIDENT_BYTES:
+        if isinstance(dataset, WholeBatchDataset) and device.type != "cpu" and dataset.nbytes <= RESIDENT_BYTES:
             dataset = dataset.to(device, channels_last=channels_last)
         self._batches = PlannedBatches()
         loader_options.setdefault("pin_memory", device.type == "cuda")
@@ -77,7 +78,7 @@ class EpochLoader:
         # per-sample collation, without a Python call per sample (a plain TensorDataset's options
         # beyond pin_memory would change what it yields, so they keep the DataLoader).
         plain = set(loader_options) <= {"pin_memory"}
-        self._cut = (_array_cutter(dataset, device) if isinstance(dataset, ArrayDataset)
+        self._cut = (_array_cutter(dataset, device) if isinstance(dataset, WholeBatchDataset)
                      else _tensor_cutter(dataset) if isinstance(dataset, TensorDataset) and plain else None)
 
     @property
@@ -206,7 +207,7 @@ def to_device(data: Any, device: torch.device) -> Any:
     return data
 
 
-def _array_cutter(dataset: ArrayDataset, device: torch.device) -> Callable[[torch.Tensor], Any]:
+def _array_cutter(dataset: WholeBatchDataset, device: torch.device) -> Callable[[torch.Tensor], Any]:
     return lambda indices: list(dataset.get_batch(indices, device))  # pinned and copied without blocking
 
 
@@ -223,8 +224,10 @@ def _indices_on(dataset: Any, batches: list[torch.Tensor]) -> list[torch.Tensor]
     every queued kernel: one host synchronisation per step, and the GPU idles while Python
     queues the next step. One pinned, non-blocking copy per epoch keeps the steps free of it.
     """
-    tensors = dataset.tensors if isinstance(dataset, TensorDataset) else (dataset.x,)
-    device = tensors[0].device if tensors else torch.device("cpu")
+    if isinstance(dataset, TensorDataset):
+        device = dataset.tensors[0].device if dataset.tensors else torch.device("cpu")
+    else:
+        device = dataset.storage_device
     if device.type == "cpu" or not batches:
         return batches
     on_device = copy_to_device(torch.cat(batches), device)

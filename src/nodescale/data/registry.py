@@ -28,6 +28,7 @@ class DatasetEntry:
     needs_dir: bool
     layout: str  # what --data-dir must point at, for error hints
     description: str
+    seq_len: int | None = None  # a language-model dataset's default data.seq_len
 
     def load_format(self) -> DatasetFormat:
         return importlib.import_module(self.module).FORMAT
@@ -70,17 +71,26 @@ DATASETS: dict[str, DatasetEntry] = {
     "text": DatasetEntry(
         "nodescale.data.text", "language_modeling", True,
         "a .txt file, or a directory of them (data.tokenizer: tokenizer.json)",
-        "UTF-8 text, one document per paragraph, tokenised once into cached token files",
+        "UTF-8 text, one document per paragraph, tokenised once into cached token files", seq_len=256
     ),
     "jsonl": DatasetEntry(
         "nodescale.data.jsonl", "language_modeling", True,
         "a .jsonl file, or a directory of them, one {\"text\": ...} object a line (data.tokenizer: tokenizer.json)",
-        "JSON Lines documents, tokenised once into cached token files",
+        "JSON Lines documents, tokenised once into cached token files", seq_len=256
     ),
     "hf_dataset": DatasetEntry(
         "nodescale.data.hf_dataset", "language_modeling", True,
         "the directory datasets' save_to_disk wrote, with a text column (data.tokenizer: tokenizer.json)",
-        "a Hugging Face dataset saved to disk, tokenised once into cached token files",
+        "a Hugging Face dataset saved to disk, tokenised once into cached token files", seq_len=256
+    ),
+    "pydoc": DatasetEntry(
+        "nodescale.data.pydoc", "language_modeling", False, "no files needed",
+        "the bytes of Python's help topics (pydoc_data), for language models", seq_len=64,
+    ),
+    "tokens": DatasetEntry(
+        "nodescale.data.tokens", "language_modeling", True,
+        "a directory with train.bin and val.bin (flat uint16 or uint32 token ids, nanoGPT's format)",
+        "nanoGPT-style token files, memory-mapped, for language models", seq_len=1024,
     ),
 }
 

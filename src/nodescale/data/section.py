@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from nodescale.data.registry import DATASETS
 from nodescale.section import Section, known_or_plugin
@@ -45,8 +45,28 @@ class DataSection(Section):
         None, description="text/jsonl: validation documents of their own (a file or directory);"
         " default: data.val_fraction of the documents"
     )
+    seq_len: int | None = Field(
+        None, ge=1, description="language models: tokens per sample, the context trained on (windows of "
+        "seq_len+1 tokens at stride seq_len); default: the dataset's (pydoc 64 bytes, tokens 1024, text formats 256)"
+    )
+    token_dtype: Literal["uint16", "uint32"] = Field("uint16", description="tokens: the integer type of train.bin "
+                                                     "and val.bin")
+    vocab_size: int | None = Field(
+        None, ge=1, description="tokens: the vocabulary size; default: vocab_size in DIR/meta.json, else GPT-2's "
+        "50257 for uint16"
+    )
 
     @field_validator("name")
     @classmethod
     def _known_dataset(cls, value: str) -> str:
         return known_or_plugin("dataset", value, DATASETS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dataset_seq_len(cls, values: Any) -> Any:
+        """A language-model dataset's own default sequence length, written into the resolved configuration."""
+        if isinstance(values, dict) and values.get("seq_len") is None:
+            entry = DATASETS.get(str(values.get("name", cls.model_fields["name"].default)))
+            if entry is not None and entry.seq_len is not None:
+                return {**values, "seq_len": entry.seq_len}
+        return values

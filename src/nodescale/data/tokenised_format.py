@@ -58,8 +58,7 @@ class TokenisedFormat:
 
     def load(self, cfg: DataSection, seed: int) -> DatasetSplits:
         """Token windows over the cached files (rebuilt here only if a source changed since ``prepare``)."""
-        # Replaced by the tokens format at merge: nodescale.data.tokens.load_token_splits(directory, cfg, seed).
-        from nodescale.data.token_windows_standin import load_token_splits
+        from nodescale.data.tokens import load_token_splits
 
         return load_token_splits(ensure_token_cache(self.source(cfg)), cfg, seed)
 

@@ -29,6 +29,7 @@ from nodescale.engine.device import peak_memory_bytes, synchronize
 from nodescale.engine.metrics_log import MetricsLog
 from nodescale.engine.preemption import StopRequest, write_requeue_file
 from nodescale.engine.summary import EvalResult, Timing, gather_summary
+from nodescale.engine.work import SampleWork
 from nodescale.errors import UserError
 from nodescale.observe.loggers import make_sinks
 from nodescale.stop_signals import EXIT_REQUEUE, parse_signals
@@ -57,6 +58,7 @@ class RunRecord:
         self.train_loader: EpochLoader | None = None
         self.last_values: dict[str, Any] = {}
         self.summary_extra: dict[str, Any] = {}  # more for summary.json (nodescale train's monitor, profile)
+        self.work: SampleWork | None = None  # a language model's tokens and FLOPs per sample (nodescale train)
         self._steps_here = 0  # optimiser steps of this process
         self._timed_since: float | None = None  # training time at the end of warm-up
         self._wait_at_warm = 0.0
@@ -223,6 +225,8 @@ class RunRecord:
                                 time.perf_counter() - self.started)
         if self.library:
             result.update({"model": model_name, "dataset": None})
+        if self.work is not None:
+            result.update(self.work.summary(result))
         result.update(self.summary_extra)
         if self.cfg.observe.log and self.metrics is not None:  # the loggers' cost (benchmarks/observe_overhead.py)
             result["logger_seconds"] = self.metrics.sink_seconds

@@ -70,7 +70,7 @@ def gather_summary(
     slowest, peak, worst_wait, *epochs = maxima.tolist()
     steps = timing.timed_steps
     throughput = total_samples / slowest if slowest > 0 else None
-    devices = runtime.world_size * _devices_per_process(cfg, device)
+    devices = runtime.world_size * devices_per_process(cfg, device)
     return {
         "world_size": runtime.world_size,
         "strategy": cfg.strategy.name,
@@ -103,7 +103,7 @@ def gather_summary(
         # Parameters, gradients and optimiser state each rank held (what sharding divides).
         "state_bytes_per_rank": state_bytes,
         "wall_seconds": wall_seconds,
-        "device": _device_name(device),
+        "device": device_name(device),
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
     }
@@ -128,7 +128,7 @@ def _gather_footprints(footprint: Footprint | None, runtime: Runtime) -> dict[st
     }
 
 
-def _devices_per_process(cfg: RunConfig, device: torch.device) -> int:
+def devices_per_process(cfg: RunConfig, device: torch.device) -> int:
     # DataParallel drives every GPU of the node from one process.
     if cfg.strategy.name == "dp" and device.type == "cuda":
         return max(1, torch.cuda.device_count())
@@ -144,7 +144,7 @@ def _average_epoch(epochs: list[float]) -> float | None:
     return sum(rest) / len(rest)
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({platform.processor() or platform.machine()})"
@@ -178,7 +178,16 @@ def summary_table(summary: dict[str, Any]) -> Table:
     row("throughput per device", number(summary["samples_per_second_per_device"], 1), " samples/s")
     if summary["timing_includes_warmup"]:
         row("note", "too few steps to exclude warm-up")
+    if "tokens_per_second" in summary:  # a language model's
+        row("tokens (all ranks)", number(summary["tokens_per_second"], 0), " tokens/s")
+        mfu = summary["mfu"]
+        row("model FLOPs utilisation", "unknown for this device" if mfu is None else f"{mfu:.2%}")
+        counted, estimated = summary["training_flops_per_token"], summary["estimated_training_flops_per_token"]
+        if counted is not None and estimated is not None:
+            row("training FLOPs per token", f"{counted:,.4g} (6N + 12LdT: {estimated:,.4g})")
     row("validation loss", number(summary["val_loss"], 4))
+    if summary.get("val_perplexity") is not None:
+        row("validation perplexity", number(summary["val_perplexity"], 3))
     accuracy = summary["val_accuracy"]
     row("validation accuracy", None if accuracy is None else f"{accuracy:.2%}")
     row("peak memory", f"{summary['peak_memory_bytes'] / 1e6:,.1f}", f" MB ({summary['peak_memory_kind']})")

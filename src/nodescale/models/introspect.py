@@ -133,7 +133,8 @@ def forward_flops_per_sample(model: nn.Module, spec: InputSpec) -> int:
     from torch.utils.flop_counter import FlopCounterMode  # only for MFU figures: not on every start-up
 
     meta_model = _meta_copy(unwrap(model)).eval()  # eval: BatchNorm accepts a batch of one
-    sample = torch.empty((1, *spec.shape), device="meta")
+    dtype = torch.long if spec.task == "language_modeling" else torch.float32  # token ids, or values
+    sample = torch.empty((1, *spec.shape), dtype=dtype, device="meta")
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
         meta_model(sample)

@@ -31,7 +31,10 @@ class ModelSection(Section):
     patch_size: int | None = Field(
         None, ge=1, description="ViT patch size; default: the model's own, shrunk for small images"
     )
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability (ViT)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability (ViT, GPT models)")
+    tie_weights: bool = Field(
+        True, description="GPT models: the output layer shares the token embedding's weights"
+    )
 
     @field_validator("name")
     @classmethod

@@ -26,11 +26,14 @@ SCALAR_NAMES: dict[str, dict[str, str]] = {
         "data_wait_seconds": "perf/data_wait_seconds",
         "compute_seconds": "perf/compute_seconds",
         "memory_bytes": "perf/memory_bytes",
+        "tokens_per_second": "perf/tokens_per_second",
+        "mfu": "perf/mfu",
     },
     "epoch": {
         "val_loss": "val/loss",
         "val_accuracy": "val/accuracy",
         "epoch_seconds": "perf/epoch_seconds",
+        "val_perplexity": "val/perplexity",
     },
 }
 
@@ -41,6 +44,9 @@ SUMMARY_NAMES: dict[str, str] = {
     "val_accuracy": "final/val_accuracy",
     "wall_seconds": "final/wall_seconds",
     "energy_joules": "final/energy_joules",
+    "tokens_per_second": "final/tokens_per_second",
+    "val_perplexity": "final/val_perplexity",
+    "mfu": "final/mfu",
 }
 
 

@@ -99,6 +99,11 @@ def probe(model: nn.Module, splits: DatasetSplits, spec: InputSpec, loss: LossFn
         raise UserError(f"model output of shape {tuple(output.shape[1:])} per sample",
                         f"does not match the regression targets' shape {tuple(y.shape[1:])}",
                         "make the model's last layer give one output per target value")
+    elif spec.task == "language_modeling" and default_loss and (
+            output.dim() != 3 or output.shape[1] != y.shape[1] or output.shape[2] < spec.num_classes):
+        raise UserError(f"model output of shape {tuple(output.shape[1:])} per window of {y.shape[1]} tokens",
+                        f"must be (tokens, vocabulary): next-token logits over at least {spec.num_classes} ids",
+                        "return logits of shape (batch, seq_len, vocabulary) from forward")
     loss(output.float(), y)  # the user's loss checks its own shape (one value per sample)
     return spec
 

@@ -52,6 +52,8 @@ class Console:
                 f"  step {record['step']:>6}  loss {record['loss']:.4f}"
                 + (f"  acc {record['accuracy']:.2%}" if record.get("accuracy") is not None else "")
                 + f"  {record['samples_per_second']:,.0f} samples/s"
+                + (f"  {record['tokens_per_second']:,.0f} tokens/s" if record.get("tokens_per_second") else "")
+                + (f"  MFU {record['mfu']:.1%}" if record.get("mfu") is not None else "")
             )
 
     def epoch(self, record: dict[str, Any], epochs: int) -> None:
@@ -59,6 +61,7 @@ class Console:
         self.print(
             f"epoch {record['epoch'] + 1}/{epochs}  val_loss {record['val_loss']:.4f}"
             + (f"  val_acc {accuracy:.2%}" if accuracy is not None else "")
+            + (f"  val_ppl {record['val_perplexity']:.3f}" if record.get("val_perplexity") is not None else "")
             + f"  {record['epoch_seconds']:.2f} s"
         )
 

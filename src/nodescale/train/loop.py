@@ -15,6 +15,7 @@ import torch
 from nodescale.config.schema import RunConfig
 from nodescale.data.epoch_loader import EpochLoader
 from nodescale.engine.summary import EvalResult
+from nodescale.engine.work import perplexity
 from nodescale.models.spec import Task
 from nodescale.train.console import Console
 from nodescale.train.evaluate import evaluate
@@ -69,7 +70,7 @@ def train(ctx: Context, cfg: RunConfig, model: torch.nn.Module, optimizer: torch
                 if ctx.global_step > metrics.first_step:
                     console.interval(metrics.log(ctx.global_step, loader.epoch - 1, scheduler.get_last_lr()[0]))
                 evaluation = evaluate(ctx, eval_model, val_loader, loss, task)
-                record = _epoch_record(loader, evaluation)
+                record = _epoch_record(loader, evaluation, task)
                 ctx.log(record, reduce=None, kind="epoch")
                 console.epoch(record, epochs)
     console.stop()
@@ -80,6 +81,9 @@ def train(ctx: Context, cfg: RunConfig, model: torch.nn.Module, optimizer: torch
     return evaluation
 
 
-def _epoch_record(loader: EpochLoader, evaluation: EvalResult) -> dict[str, Any]:
-    return {"epoch": loader.epoch - 1, "epoch_seconds": loader.last_epoch_seconds, "val_loss": evaluation.loss,
-            "val_accuracy": evaluation.accuracy, "val_samples": evaluation.samples}
+def _epoch_record(loader: EpochLoader, evaluation: EvalResult, task: Task) -> dict[str, Any]:
+    record = {"epoch": loader.epoch - 1, "epoch_seconds": loader.last_epoch_seconds, "val_loss": evaluation.loss,
+              "val_accuracy": evaluation.accuracy, "val_samples": evaluation.samples}
+    if task == "language_modeling":
+        record["val_perplexity"] = perplexity(evaluation.loss)
+    return record

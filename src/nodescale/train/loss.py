@@ -24,20 +24,26 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (output, target
 
 
 def per_sample_loss(output: torch.Tensor, target: torch.Tensor, task: Task) -> torch.Tensor:
-    """Cross-entropy per sample for classification, mean squared error per sample for regression;
-    for language modelling the mean cross-entropy over a sample's tokens (logits (B, T, V), targets (B, T))."""
+    """Cross-entropy per sample for classification, mean squared error per sample for regression.
+
+    Language modelling: the mean cross-entropy over the window's next-token predictions
+    (``output`` of shape (batch, tokens, vocabulary)). Every window has the same length,
+    so the mean over samples is the mean over tokens, and padding weights work as ever.
+    """
     if task == "regression":
         return F.mse_loss(output.float(), target.float(), reduction="none").flatten(1).mean(dim=1)
     if task == "language_modeling":
-        return F.cross_entropy(output.float().flatten(0, 1), target.flatten(), reduction="none") \
-            .view(target.shape).mean(dim=1)
+        return F.cross_entropy(output.float().transpose(1, 2), target, reduction="none").mean(dim=1)
     return F.cross_entropy(output.float(), target, reduction="none")
 
 
 def correct(output: torch.Tensor, target: torch.Tensor, task: Task) -> torch.Tensor | None:
-    """1.0 where the predicted class is right (``None`` for regression and language modelling)."""
-    if task != "classification":
+    """1.0 where the predicted class is right, per sample (``None`` for regression); for language
+    modelling the share of the window's next tokens predicted right."""
+    if task == "regression":
         return None
+    if task == "language_modeling":
+        return (output.argmax(dim=-1) == target).float().mean(dim=1)
     return (output.argmax(dim=1) == target).float()
 
 
@@ -71,8 +77,10 @@ def make_loss(name: str, task: Task) -> LossFn:
     """The per-sample loss ``train.loss`` names: auto (by task), cross_entropy, mse, or the user's function."""
     if name == "auto":
         return partial(per_sample_loss, task=task)
-    if name in ("cross_entropy", "mse"):
-        return partial(per_sample_loss, task="classification" if name == "cross_entropy" else "regression")
+    if name == "cross_entropy":  # over classes, or over each next token
+        return partial(per_sample_loss, task="language_modeling" if task == "language_modeling" else "classification")
+    if name == "mse":
+        return partial(per_sample_loss, task="regression")
     from nodescale.plugins.calls import load_function
 
     ref, function = load_function("loss", name)

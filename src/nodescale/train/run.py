@@ -34,6 +34,7 @@ from nodescale.train.math_settings import configure_math
 from nodescale.train.observers import Observers
 from nodescale.train.optim import make_optimizer, make_scheduler
 from nodescale.train.rundir import check_run_dir, default_run_dir
+from nodescale.train.work import describe, language_model_work
 
 
 def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
@@ -100,6 +101,7 @@ def _train(ctx: Context, observers: Observers) -> dict[str, Any]:
 
     # The user's model, data or loss (FILE.py:FN) are checked here, on every rank alike.
     model, spec = build_for_run(cfg, splits)
+    ctx.record.work = language_model_work(model, spec, cfg.train.precision, runtime.device)  # before any wrapper
     channels_last = cfg.train.channels_last and spec.is_image
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -122,6 +124,8 @@ def _train(ctx: Context, observers: Observers) -> dict[str, Any]:
     console.print(f"nodescale: {cfg.model.name} on {cfg.data.name} ({len(splits.train)} train / {len(splits.val)} "
                   f"val), {cfg.strategy.name} x {runtime.world_size} on {runtime.device.type}, {total_steps} steps "
                   f"-> {run_dir}")
+    if ctx.record.work is not None:
+        console.print(describe(ctx.record.work))
     if cfg.checkpoint.resume:
         _resume(ctx, {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader}, console)
     ctx.record.total_steps = total_steps

@@ -14,7 +14,9 @@ import torch.distributed as dist
 
 from nodescale.data.epoch_loader import EpochLoader
 from nodescale.engine.device import current_memory_bytes
+from nodescale.engine.summary import devices_per_process
 from nodescale.models.spec import Task
+from nodescale.train.loss import correct
 
 if TYPE_CHECKING:
     from nodescale.api import Context
@@ -29,7 +31,7 @@ class StepMetrics:
 
     def restart(self) -> None:
         self.losses: list[tuple[torch.Tensor, int]] = []  # (mean loss, real samples) of each micro-batch
-        self.predictions: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.right: list[torch.Tensor] = []  # per real sample: 1/0 (classes), the share of tokens right (language)
         self.count = 0
         self.first_step = self.ctx.global_step
         self.started = self.ctx.record.synced_time()
@@ -38,20 +40,21 @@ class StepMetrics:
     def add(self, loss: torch.Tensor, output: torch.Tensor, target: torch.Tensor, real: int) -> None:
         """One micro-batch: its mean loss and outputs, of which the first ``real`` are samples.
 
-        Losses and predictions are only kept here and summed at the log point, in one go: the
-        step itself gets no device operation from the metrics.
+        Losses and hits are only kept here and summed at the log point, in one go: the step itself
+        gets no device synchronisation from the metrics.
         """
         if real == 0:
             return  # a padding batch
         self.losses.append((loss.detach(), real))
-        if self.task == "classification":
-            self.predictions.append((output.detach()[:real].argmax(dim=1), target[:real]))
+        right = correct(output.detach()[:real], target[:real], self.task)
+        if right is not None:
+            self.right.append(right)
         self.count += real  # known on the host: no device work for it
 
     def log(self, step: int, epoch: int, lr: float) -> dict[str, Any]:
         """The interval's record over all ranks, written to the run's metrics (a collective)."""
         seconds = self.ctx.record.synced_time() - self.started
-        hits = sum(((p == t).sum(dtype=torch.float64) for p, t in self.predictions),
+        hits = sum((right.sum(dtype=torch.float64) for right in self.right),
                    torch.zeros((), dtype=torch.float64, device=self.ctx.device))
         loss_sum = sum((mean.double() * real for mean, real in self.losses),
                        torch.zeros((), dtype=torch.float64, device=self.ctx.device))
@@ -70,7 +73,7 @@ class StepMetrics:
         record = {
             "epoch": epoch,
             "loss": loss_sum / count,
-            "accuracy": hits_sum / count if self.task == "classification" else None,
+            "accuracy": None if self.task == "regression" else hits_sum / count,
             "lr": lr,
             "samples_per_second": count / seconds if seconds > 0 else None,
             "step_seconds": seconds / steps,
@@ -78,6 +81,10 @@ class StepMetrics:
             "compute_seconds": max(0.0, seconds - waited) / steps,
             "memory_bytes": int(memory),
         }
+        work = self.ctx.record.work
+        if work is not None:  # a language model: its tokens/s and MFU
+            devices = self.ctx.world_size * devices_per_process(self.ctx.cfg, self.ctx.device)
+            record.update(work.figures(record["samples_per_second"], devices))
         self.ctx.log(record, step, reduce=None)
         self.restart()
         return {"step": step, **record}
