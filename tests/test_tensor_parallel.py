@@ -22,11 +22,12 @@ from nodescale.errors import UserError
 pytestmark = pytest.mark.multiproc
 
 STEPS = 4
-# Tiny and short: 32-token windows, 73 validation windows (0.5%), SGD without momentum. The gradients' norm
-# (about 6 at the start) is clipped to 1: one norm over parameters split over a group and replicated over it.
+# Tiny and short: 32-token windows, 73 validation windows (0.5%), SGD without momentum. The gradients' norms
+# are 6.2, 4.1, 2.3, 3.4 here and clipped to 5: the first step's only, so a wrong norm (one norm over parameters
+# split over a group and parameters replicated over it) and a wrong gradient scale both show in the weights.
 GPT_NANO = ["train", "--model", "gpt_nano", "--dataset", "pydoc", "--seq-len", "32", "--set", "data.val_fraction=0.005",
             "--batch-size", "8", "--max-steps", str(STEPS), "--optimizer", "sgd", "--lr", "0.05",
-            "--set", "optim.schedule=constant", "--set", "optim.grad_clip=1.0", "--no-progress", "--seed", "3"]
+            "--set", "optim.schedule=constant", "--set", "optim.grad_clip=5.0", "--no-progress", "--seed", "3"]
 TP = [*GPT_NANO, "--strategy", "fsdp", "--tp", "2", "--nproc", "4", "--checkpoint-every", "2"]
 
 # TP changes only the order of float32 sums: a row-split matmul adds two half-length partial dot products
