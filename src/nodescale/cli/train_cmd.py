@@ -8,8 +8,8 @@ import warnings
 from pathlib import Path
 
 from nodescale.cli.run_flags import add_run_flags, resolve_config
-from nodescale.config.schema import RunConfig
 from nodescale.config.combinations import check_tensor_parallel_model
+from nodescale.config.schema import RunConfig
 from nodescale.config.strategy import check_tensor_parallel_world
 
 
