@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -32,7 +31,7 @@ from nodescale.config.strategy import is_strategy_key, strategy_section
 from nodescale.data.epoch_loader import DrawnBatch, EpochLoader
 from nodescale.data.sharding import ShardPlan
 from nodescale.distributed.env import DistEnv, detect
-from nodescale.distributed.process_group import Runtime, abandon, barrier, shutdown, start
+from nodescale.distributed.process_group import Runtime, abandon, barrier, shutdown, start, sum_over_replicas
 from nodescale.engine import checkpoints
 from nodescale.engine.optimizer_params import rebind_parameters
 from nodescale.engine.run_record import RunRecord
@@ -62,7 +61,8 @@ def init(*, strategy: str = "auto", precision: str = "fp32", seed: int | None = 
                                            **options})
     check_process_count(cfg.strategy, env, f"nodescale.init(strategy={cfg.strategy.name!r})",
                         "strategy='ddp' (or 'auto')")
-    runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=cfg.strategy.multi_process)
+    runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=cfg.strategy.multi_process,
+                    tensor_parallel=getattr(cfg.strategy, "tp", 1))
     if seed is not None:
         torch.manual_seed(seed)
         random.seed(seed)
@@ -176,7 +176,7 @@ class Context:
         ``batch_size`` is per process. ``pad=True`` keeps every rank at the same number of batches
         (training); ``pad=False`` gives each rank only its samples (evaluation with ``ctx.sum``).
         """
-        plan = ShardPlan(len(dataset), self.world_size, self.rank, batch_size,
+        plan = ShardPlan(len(dataset), self.runtime.data_parallel_size, self.runtime.data_parallel_rank, batch_size,
                          self.cfg.train.seed if seed is None else seed, shuffle)
         loader = EpochLoader(dataset, plan, pad=pad, drop_last=drop_last, grad_accum=self.cfg.train.grad_accum,
                              device=self.device, on_batch=self._drew if pad else None,
@@ -213,7 +213,7 @@ class Context:
             raise UserError("ctx.backward", "needs the optimiser", "model, optimizer = ctx.prepare(model, optimizer)")
         drawn = self._drawn
         if drawn is not None:
-            scale = drawn.real_count * self.world_size / max(drawn.window_total, 1)
+            scale = drawn.real_count * self.runtime.data_parallel_size / max(drawn.window_total, 1)
         else:
             scale = 1.0 / self.cfg.train.grad_accum
         self.prepared.updater.backward(loss * scale)
@@ -310,14 +310,12 @@ class Context:
     # ------------------------------------------------------ today's helpers
     def mean(self, value: float | torch.Tensor) -> float:
         """The mean of ``value`` over all ranks (a collective: every rank must call it)."""
-        return self.sum(value) / self.world_size
+        return self.sum(value) / self.runtime.data_parallel_size
 
     def sum(self, value: float | torch.Tensor) -> float:
-        """The sum of ``value`` over all ranks (a collective)."""
+        """The sum of ``value`` over all ranks (a collective), a tensor-parallel group's counted once (--tp)."""
         tensor = torch.as_tensor(value, dtype=torch.float64, device=self.device).detach().clone()
-        if self.runtime.has_process_group:
-            dist.all_reduce(tensor)
-        return float(tensor)
+        return float(sum_over_replicas(self.runtime, tensor))
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""

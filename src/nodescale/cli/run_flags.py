@@ -37,6 +37,7 @@ FLAGS = (
     Flag("--zero-stage", "strategy.zero_stage"),
     Flag("--deepspeed-config", "strategy.deepspeed_config"),
     Flag("--cpu-offload", "strategy.cpu_offload"),
+    Flag("--tp", "strategy.tp"),
     Flag("--epochs", "train.epochs"),
     Flag("--max-steps", "train.max_steps"),
     Flag("--batch-size", "train.batch_size"),

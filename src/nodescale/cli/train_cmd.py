@@ -8,7 +8,9 @@ import warnings
 from pathlib import Path
 
 from nodescale.cli.run_flags import add_run_flags, resolve_config
+from nodescale.config.combinations import check_tensor_parallel_model
 from nodescale.config.schema import RunConfig
+from nodescale.config.strategy import check_tensor_parallel_world
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -93,6 +95,8 @@ def _run_here(cfg: RunConfig) -> int:
     assert cfg.out is not None
     check_run_dir(cfg.out, cfg.checkpoint.resume)
     nproc = local_process_count(cfg)
+    check_tensor_parallel_world(cfg.strategy, nproc)
+    check_tensor_parallel_model(cfg)
     if cfg.strategy.name == "deepspeed":
         _check_deepspeed_config(cfg, nproc)
     _check_offload_has_an_accelerator(cfg)

@@ -53,6 +53,15 @@ def check_combinations(cfg: RunConfig) -> None:
         )
 
 
+def check_tensor_parallel_model(cfg: RunConfig) -> None:
+    """A built-in model under ``--tp`` must declare how its blocks split (``nodescale train``, before any
+    process starts: a library run's configuration names no model; the user's models are checked once built)."""
+    tp, model = getattr(cfg.strategy, "tp", 1), cfg.model.name
+    if tp > 1 and not is_plugin(model) and not MODELS[model].tensor_parallel:
+        raise UserError(f"--tp {tp} with model {model!r}", "the model declares no tensor-parallel plan",
+                        f"use one of {', '.join(n for n, e in MODELS.items() if e.tensor_parallel)}, or drop --tp")
+
+
 def _check_what_is_trained(cfg: RunConfig) -> None:
     """Model, dataset, loss and their arguments; built-in ones only, except for the arguments."""
     model, data = cfg.model.name, cfg.data.name

@@ -113,6 +113,10 @@ class FSDPSection(_Strategy):
         "state) or all (FSDP: parameters, gradients and optimiser; DeepSpeed ZeRO-3: optimiser and parameters); "
         "needs a GPU"
     )
+    tp: int = Field(
+        1, ge=1, title="--tp", description="tensor parallelism: split each block's attention and MLP over groups of "
+        "this many consecutive ranks, FSDP across the groups (a 2-D mesh, dp x tp); the model must declare a plan"
+    )
 
     @field_validator("cpu_offload")
     @classmethod
@@ -122,6 +126,23 @@ class FSDPSection(_Strategy):
                             "FSDP offloads parameters, gradients and optimiser state together",
                             "use --cpu-offload all, or --strategy deepspeed for optimiser-only offload")
         return value
+
+    @model_validator(mode="after")
+    def _one_second_dimension(self) -> FSDPSection:
+        if self.tp > 1 and self.sharding in ("hybrid", "none"):
+            raise UserError(f"--tp {self.tp} with --sharding {self.sharding}",
+                            f"--sharding {self.sharding} already makes a 2-D mesh (replicate x shard); --tp takes the "
+                            "second dimension for tensor parallelism", "use --sharding full or grad-op with --tp")
+        return self
+
+
+def check_tensor_parallel_world(strategy: Any, world_size: int) -> None:
+    """``strategy.tp`` (fsdp's; 1 elsewhere) must divide the ranks into whole tensor-parallel groups."""
+    tp = getattr(strategy, "tp", 1)
+    if world_size % tp:
+        fits = -(-world_size // tp) * tp  # the next multiple
+        raise UserError(f"--tp {tp} on {world_size} ranks", f"the world size must be a multiple of --tp ({tp})",
+                        f"start {fits} processes (e.g. --nproc {fits}), or use a --tp that divides {world_size}")
 
 
 class DeepSpeedSection(_Strategy):

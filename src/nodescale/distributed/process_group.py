@@ -47,6 +47,8 @@ class Runtime:
     owns_group: bool = True
     # The collective timeout; groups made later (dist.new_group) must be given it, or they get torch's 30 minutes.
     timeout_s: float = 600.0
+    # Ranks per tensor-parallel group (--tp): consecutive ranks that split one model replica and share its batches.
+    tensor_parallel: int = 1
 
     @property
     def rank(self) -> int:
@@ -55,6 +57,16 @@ class Runtime:
     @property
     def world_size(self) -> int:
         return self.env.world_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Model replicas, each drawing its own batches: the world size, or its tensor-parallel groups."""
+        return self.env.world_size // self.tensor_parallel
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This rank's replica: which share of the data it draws (the same for a whole tensor-parallel group)."""
+        return self.env.rank // self.tensor_parallel
 
     @property
     def is_main(self) -> bool:
@@ -96,14 +108,16 @@ def choose_backend(requested: str, device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def start(env: DistEnv, backend: str = "auto", timeout_s: float = 600.0, group: bool = True) -> Runtime:
-    """Bind this process to its device and, if ``group``, join the process group."""
+def start(env: DistEnv, backend: str = "auto", timeout_s: float = 600.0, group: bool = True,
+          tensor_parallel: int = 1) -> Runtime:
+    """Bind this process to its device and, if ``group``, join the process group (``tensor_parallel``: --tp)."""
     device = select_device(env)
     if not group:
         return Runtime(env, device, None, timeout_s=timeout_s)
     name = choose_backend(backend, device)
     if dist.is_initialized():  # the user's script (or a test) set it up already
-        return Runtime(env, device, dist.get_backend(), owns_group=False, timeout_s=timeout_s)
+        return Runtime(env, device, dist.get_backend(), owns_group=False, timeout_s=timeout_s,
+                       tensor_parallel=tensor_parallel)
     timeout = timedelta(seconds=timeout_s)
     if env.world_size == 1:
         # An in-process store: a one-rank group needs no port, so none can clash.
@@ -121,7 +135,7 @@ def start(env: DistEnv, backend: str = "auto", timeout_s: float = 600.0, group: 
             kwargs["init_method"] = "env://"
         dist.init_process_group(name, rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs)
     log.debug("rank %d/%d joined %s group on %s", env.rank, env.world_size, name, device)
-    return Runtime(env, device, name, timeout_s=timeout_s)
+    return Runtime(env, device, name, timeout_s=timeout_s, tensor_parallel=tensor_parallel)
 
 
 def _job_store(env: DistEnv, timeout: timedelta) -> dist.Store | None:
@@ -205,6 +219,19 @@ def barrier(runtime: Runtime) -> None:
             dist.barrier(device_ids=[runtime.device.index])
         else:
             dist.barrier()
+
+
+def sum_over_replicas(runtime: Runtime, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (this rank's counts or sums of its samples) summed over the job in place, each sample once.
+
+    The ranks of a tensor-parallel group draw the same batches, so their figures are the same and
+    the sum over every rank counts each sample ``tensor_parallel`` times: divided out here.
+    """
+    if runtime.has_process_group:
+        dist.all_reduce(tensor)
+        if runtime.tensor_parallel > 1:
+            tensor /= runtime.tensor_parallel
+    return tensor
 
 
 def gather_from_all(runtime: Runtime, value: Any) -> list[Any]:

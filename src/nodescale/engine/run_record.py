@@ -23,7 +23,7 @@ from nodescale.atomic_files import write_json_atomic, write_text_atomic
 from nodescale.config.load import dump_yaml
 from nodescale.config.schema import RunConfig
 from nodescale.data.epoch_loader import EpochLoader
-from nodescale.distributed.process_group import Runtime, barrier
+from nodescale.distributed.process_group import Runtime, barrier, sum_over_replicas
 from nodescale.distributed.watchdog import start_watchdog
 from nodescale.engine.device import peak_memory_bytes, synchronize
 from nodescale.engine.metrics_log import MetricsLog
@@ -158,7 +158,9 @@ class RunRecord:
             names = sorted(values)
             tensor = torch.tensor([float(_number(values[n])) for n in names], dtype=torch.float64,
                                   device=self.runtime.device)
-            if self.runtime.has_process_group:
+            if reduce == "sum":
+                sum_over_replicas(self.runtime, tensor)
+            elif self.runtime.has_process_group:
                 dist.all_reduce(tensor, op=dist.ReduceOp.MAX if reduce == "max" else dist.ReduceOp.SUM)
                 if reduce == "mean":
                     tensor /= self.runtime.world_size

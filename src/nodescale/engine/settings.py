@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from nodescale.config.schema import RunConfig
-from nodescale.config.strategy import error_key
+from nodescale.config.strategy import check_tensor_parallel_world, error_key
 from nodescale.errors import UserError
 
 # init()'s name -> (section, key) of RunConfig.
@@ -22,7 +22,7 @@ _KEYS = {
     "zero_stage": ("strategy", "zero_stage"), "deepspeed_config": ("strategy", "deepspeed_config"),
     "cpu_offload": ("strategy", "cpu_offload"), "bucket_cap_mb": ("strategy", "bucket_cap_mb"),
     "static_graph": ("strategy", "static_graph"), "find_unused_parameters": ("strategy", "find_unused_parameters"),
-    "gradient_as_bucket_view": ("strategy", "gradient_as_bucket_view"),
+    "gradient_as_bucket_view": ("strategy", "gradient_as_bucket_view"), "tp": ("strategy", "tp"),
     "precision": ("train", "precision"), "seed": ("train", "seed"), "grad_accum": ("train", "grad_accum"),
     "compile": ("train", "compile"), "stop_signals": ("train", "stop_signals"),
     "heartbeat_timeout_s": ("train", "heartbeat_timeout_s"), "timing_warmup_steps": ("train", "timing_warmup_steps"),
@@ -65,7 +65,9 @@ def run_config(world_size: int, out: str | Path | None, options: dict[str, Any])
 
 
 def check_process_count(strategy: Any, env: Any, call: str, hint: str) -> None:
-    """A single-process strategy (its section: single, dp) refused where a launcher started several processes."""
+    """A single-process strategy (its section: single, dp) refused where a launcher started several processes,
+    and a world size that ``--tp`` does not divide into whole tensor-parallel groups."""
     if env.world_size > 1 and not strategy.multi_process:
         raise UserError(f"{call} under {env.source} with {env.world_size} processes",
                         f"{strategy.name} runs in a single process", f"use {hint}, or start one process")
+    check_tensor_parallel_world(strategy, env.world_size)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from rich.table import Table
 
 from nodescale.config.schema import RunConfig
-from nodescale.distributed.process_group import Runtime
+from nodescale.distributed.process_group import Runtime, sum_over_replicas
 from nodescale.strategies.base import Footprint
 
 
@@ -61,8 +61,8 @@ def gather_summary(
                           dtype=torch.float64, device=device)
     rates = torch.zeros(runtime.world_size, dtype=torch.float64, device=device)
     rates[runtime.rank] = timing.timed_samples / timing.timed_seconds if timing.timed_seconds > 0 else 0.0
+    sum_over_replicas(runtime, samples)
     if runtime.has_process_group:
-        dist.all_reduce(samples)
         dist.all_reduce(maxima, op=dist.ReduceOp.MAX)  # every rank ran the same epochs
         dist.all_reduce(rates)  # each rank filled only its own slot
     state_bytes = _gather_footprints(footprint, runtime)
@@ -73,13 +73,14 @@ def gather_summary(
     devices = runtime.world_size * devices_per_process(cfg, device)
     return {
         "world_size": runtime.world_size,
+        "tensor_parallel": runtime.tensor_parallel,  # ranks per tensor-parallel group (--tp): one model replica
         "strategy": cfg.strategy.name,
         "backend": runtime.backend,
         "model": cfg.model.name,
         "dataset": cfg.data.name,
         "precision": cfg.train.precision,
         "batch_size_per_process": cfg.train.batch_size,
-        "global_batch_size": cfg.train.batch_size * cfg.train.grad_accum * runtime.world_size,
+        "global_batch_size": cfg.train.batch_size * cfg.train.grad_accum * runtime.data_parallel_size,
         "epochs_completed": position["epoch"],
         "global_steps": position["global_step"],
         "samples_per_second": throughput,

@@ -207,6 +207,11 @@ class GPT(nn.Module):
             plan["feed_forward.w3"] = "colwise"
         return plan
 
+    def tensor_parallel_divisors(self) -> dict[str, int]:
+        """What a tensor-parallel group's size must divide besides the planned layers' widths: each rank
+        takes whole attention heads, and whole key/value heads (grouped-query attention)."""
+        return {"attention heads": self.shape.heads, "key/value heads": self.shape.kv_heads or self.shape.heads}
+
     def estimated_training_flops_per_token(self, seq_len: int) -> int:
         """``6N + 12 L d T`` (PaLM, appendix B), the FLOP counter's cross-check: N the weights of matrix
         products (the output layer's; not the embeddings, which are looked up), L layers, d the width."""

@@ -29,6 +29,7 @@ class ModelEntry:
     task: Literal["classification", "regression", "language_modeling", "any"]
     description: str
     has_blocks: bool = True  # declares repeated blocks (FSDP units, activation checkpointing)
+    tensor_parallel: bool = False  # declares how its blocks split under --tp (tensor_parallel_plan)
 
     def build(self, cfg: ModelSection, spec: InputSpec) -> nn.Module:
         module_name, function_name = self.builder.split(":")
@@ -80,18 +81,22 @@ MODELS: dict[str, ModelEntry] = {
     "gpt_nano": ModelEntry(
         "nodescale.models.gpt:build_gpt_nano", "language_modeling",
         "Llama-style, 4 layers, 128 wide, 4 heads over 2 key/value heads (~1M parameters: tests, CPU)",
+        tensor_parallel=True,
     ),
     "gpt2_small": ModelEntry(
         "nodescale.models.gpt:build_gpt2_small", "language_modeling",
         "GPT-2 small (124M: 12 layers, 768 wide, 12 heads, 1024 positions)",
+        tensor_parallel=True,
     ),
     "gpt2_medium": ModelEntry(
         "nodescale.models.gpt:build_gpt2_medium", "language_modeling",
         "GPT-2 medium (355M: 24 layers, 1024 wide, 16 heads, 1024 positions)",
+        tensor_parallel=True,
     ),
     "llama_1b": ModelEntry(
         "nodescale.models.gpt:build_llama_1b", "language_modeling",
         "Llama-3.2-1B-like (RoPE, RMSNorm, SwiGLU, 32 heads over 8 key/value heads, 16 layers, 2048 wide)",
+        tensor_parallel=True,
     ),
 }
 

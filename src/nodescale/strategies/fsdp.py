@@ -12,6 +12,11 @@ then the root takes the rest. ``sharding`` picks how:
 * ``none``: a 2-D mesh whose shard dimension has size 1: every rank keeps every
   parameter and gradients are all-reduced (replication through FSDP2).
 
+``tp`` > 1 (``--tp N``, with full or grad-op sharding) makes the mesh 2-D the other way,
+torchtitan's: ``("dp", "tp")``, groups of N consecutive ranks along ``tp``. Each block is split
+over its group first (``strategies.tensor_parallel``), then FSDP shards over ``dp``; the ranks of
+a group draw the same batches (``Runtime.data_parallel_rank``).
+
 Checkpoints are sharded by default (``TorchNative.save_sharded``: every rank
 writes its own shards with ``torch.distributed.checkpoint``). ``--checkpoint-format
 full`` gathers full state dicts onto rank 0 instead (``state_dict`` below), in
@@ -43,6 +48,7 @@ from nodescale.distributed.sync_batchnorm import convert_sync_batchnorm
 from nodescale.errors import UserError
 from nodescale.models.introspect import has_batchnorm, repeated_blocks
 from nodescale.strategies.offload import refuse_offload_without_accelerator
+from nodescale.strategies.tensor_parallel import apply_tensor_parallel, checked_plan
 from nodescale.strategies.torch_native import TorchNative
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -57,6 +63,12 @@ class FSDPStrategy(TorchNative):
         world = runtime.world_size
         device = runtime.device.type
         mode = self.cfg.sharding
+        if self.cfg.tp > 1:
+            mesh = init_device_mesh(device, (world // self.cfg.tp, self.cfg.tp), mesh_dim_names=("dp", "tp"))
+            # The gradients' norm sums over both dimensions: DTensor does it in one all-reduce where the
+            # flattened dimension exists (two, and a warning, otherwise), as torchtitan flattens its meshes.
+            mesh._flatten("dp_tp")
+            return mesh
         if mode == "hybrid":
             local = runtime.env.local_world_size
             if local < 1 or world % local:
@@ -72,9 +84,12 @@ class FSDPStrategy(TorchNative):
         if self.cfg.sync_batchnorm:
             model = convert_sync_batchnorm(model, runtime.device.type)
         model = model.to(runtime.device)
+        split = checked_plan(model, self.cfg.tp) if self.cfg.tp > 1 else None  # refused before any collective
         self.mesh = self.build_mesh(runtime)
+        if split is not None:
+            apply_tensor_parallel(model, *split, self.mesh["tp"])
         options: dict[str, Any] = {
-            "mesh": self.mesh,
+            "mesh": self.mesh["dp"] if split is not None else self.mesh,
             "mp_policy": self.policy_for(model),
             "reshard_after_forward": self.cfg.sharding != "grad-op",
         }

@@ -47,7 +47,8 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
     env = env or detect()
     strategy = make_strategy(cfg.strategy, cfg.train.precision)
     check_process_count(cfg.strategy, env, f"strategy {cfg.strategy.name!r}", "--strategy ddp")
-    runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=cfg.strategy.multi_process)
+    runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=cfg.strategy.multi_process,
+                    tensor_parallel=getattr(cfg.strategy, "tp", 1))
     cfg = _resume_after_restart(cfg.model_copy(update={"out": _agree_run_dir(cfg, runtime)}))
     # Before anything slow: the stop handlers (a signal during start-up is kept until the first
     # step boundary) and the watchdog.
