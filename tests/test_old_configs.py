@@ -39,8 +39,10 @@ def test_an_old_config_loads_to_the_same_settings(name: str, kept: dict[str, Any
             assert values == {**defaults[section], **old[section]}, section
         elif section != "strategy":
             assert values == old[section], section
-    # Every key the strategy has keeps its value; the others held their defaults and are gone.
-    assert new["strategy"] == {key: value for key, value in old["strategy"].items() if key in new["strategy"]}
+    # Every key the strategy has keeps its value (keys added since, such as fsdp's tp, hold their defaults);
+    # the other strategies' keys held their defaults and are gone.
+    assert new["strategy"] == {**defaults["strategy"],
+                               **{key: value for key, value in old["strategy"].items() if key in new["strategy"]}}
     assert {key: new["strategy"][key] for key in kept} == kept
     assert set(old["strategy"]) - set(new["strategy"])  # the other strategies' keys were dropped
     assert load_config(overrides=yaml.safe_load(dump_yaml(cfg))) == cfg  # the new layout round-trips
