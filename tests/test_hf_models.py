@@ -21,8 +21,10 @@ import torch
 from conftest import cli_env, final_weights, read_summary, run_cli
 from nodescale.cli.main import main
 from nodescale.config.load import load_config
+from nodescale.engine import checkpoint_files
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
-from nodescale.models.hf_gpt2 import GPT2_CONV1D, gpt2_model, gpt2_state
+from nodescale.models.gpt import GPT, GPTShape
+from nodescale.models.hf_gpt2 import gpt2_state
 from nodescale.models.introspect import repeated_blocks, unwrap
 from nodescale.models.registry import build_model
 from nodescale.models.spec import InputSpec
@@ -147,20 +149,32 @@ def test_an_fsdp_trained_model_exports_and_reloads_with_its_logits(run: Path,
     assert "already exists" in err and "the export never overwrites one" in err
 
 
-def test_a_gpt2_in_linear_layout_exports_as_gpt2lmheadmodel() -> None:
-    """The built-in GPT's map: nanoGPT-style names and nn.Linear weights in, GPT2LMHeadModel's logits out."""
+@pytest.mark.parametrize("tie_weights", [True, False])
+def test_a_builtin_gpt2_exports_as_gpt2lmheadmodel_with_its_logits(tie_weights: bool, tmp_path: Path) -> None:
+    """gpt2_small's export settings on a tiny GPT-2 flavoured GPT (12 heads of 4), every weight random: through
+    the CLI from a checkpoint of the engine's format, and back with from_pretrained."""
     torch.manual_seed(5)
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                                     activation_function="gelu", bos_token_id=None, eos_token_id=None)
-    original = transformers.GPT2LMHeadModel(config).eval()
-    linear_layout = {key: value.t() if key.endswith(GPT2_CONV1D) else value
-                     for key, value in original.state_dict().items()}
-    exported = gpt2_model(transformers, gpt2_state(linear_layout), {"n_head": 2, "activation_function": "gelu"})
-    assert exported.transformer.h[1].attn.c_attn.weight.shape == (32, 96)  # Conv1D: (in, out)
-    assert exported.lm_head.weight is exported.transformer.wte.weight  # tied, as the original
-    ids = torch.randint(0, VOCAB, (2, 12))
+    builtin = GPT(GPTShape(layers=2, dim=48, heads=12, context=SEQ_LEN), vocab_size=100, seq_len=SEQ_LEN,
+                  tie_weights=tie_weights).eval()
     with torch.no_grad():
-        assert torch.equal(exported.eval()(ids).logits, original(ids).logits)
+        for parameter in builtin.parameters():  # norms and biases too, not their ones and zeros
+            parameter.normal_(0.0, 0.3)
+    state = gpt2_state(builtin.state_dict())
+    assert state["transformer.h.1.attn.c_attn.weight"].shape == (48, 3 * 48)  # q, k, v fused; Conv1D: (in, out)
+    assert state["transformer.wte.weight"].shape == (128, 48)  # the padded vocabulary
+    checkpoint_files.save(tmp_path / "run", 1, {"config": {"model": {"name": "gpt2_small"}},
+                                                "model": builtin.state_dict()}, keep_last=1)
+    assert main(["checkpoint", "export", str(tmp_path / "run"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(exported) is transformers.GPT2LMHeadModel
+    assert (exported.lm_head.weight is exported.transformer.wte.weight) == tie_weights
+    ids = torch.randint(0, 128, (3, SEQ_LEN))
+    with torch.no_grad():
+        expected, logits = builtin(ids), exported(ids).logits
+    # Conv1D is addmm(b, x, W) where nn.Linear is x @ W.T + b: the same products, possibly summed in another
+    # order or with the bias added at another point, so equal to float32 rounding of values of this size.
+    assert logits.abs().max() > 1.0  # the logits' scale the tolerance is relative to
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
     with pytest.raises(ValueError, match="has no GPT-2 name"):
         gpt2_state({"blocks.0.qkv.weight": torch.zeros(1)})
 
@@ -174,7 +188,7 @@ def train(code: Path, *flags: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def directories(code: Path) -> Path:
-    """Broken hf: directories beside the good one, and a cnn run to export."""
+    """Broken hf: directories beside the good one, a cnn run and a gpt_nano checkpoint to export."""
     (code / "no-config").mkdir()
     (code / "no-config" / "model.safetensors").write_bytes(b"")
     for name, config in (("unknown", {"model_type": "no-such-architecture"}),
@@ -187,6 +201,7 @@ def directories(code: Path) -> Path:
     (code / "bin-only" / "pytorch_model.bin").write_bytes(b"")
     assert main(["train", "--model", "cnn", "--strategy", "single", "--max-steps", "1", "--no-progress",
                  "--out", str(code / "cnn")]) == 0
+    checkpoint_files.save(code / "nano", 1, {"config": {"model": {"name": "gpt_nano"}}, "model": {}}, keep_last=1)
     return code
 
 
@@ -207,6 +222,10 @@ BAD = {  # name: (argv after the run's directory is known, what stderr says)
     "export_cnn": (lambda c: ["checkpoint", "export", str(c / "cnn"), "--format", "hf", "--out", str(c / "cnn-hf")],
                    ["--format hf for model 'cnn': has no Hugging Face equivalent; these export: hf:DIR models",
                     "hint: export its state dict instead"]),
+    "export_llama_flavour": (lambda c: ["checkpoint", "export", str(c / "nano"), "--format", "hf", "--out",
+                                        str(c / "nano-hf")],
+                             ["--format hf for model 'gpt_nano': has no Hugging Face equivalent",
+                              "these export: hf:DIR models, gpt2_medium, gpt2_small"]),
 }
 
 

@@ -1,11 +1,12 @@
-"""A built-in GPT's weights as Hugging Face's ``GPT2LMHeadModel``: names mapped, Conv1D weights transposed.
+"""A built-in GPT as Hugging Face's ``GPT2LMHeadModel``: q, k, v fused, names mapped, Conv1D weights transposed.
 
 GPT-2's Hugging Face model keeps its attention and MLP projections in ``Conv1D``
 layers, whose weight is ``(in, out)``: the transpose of ``nn.Linear``'s ``(out, in)``
-(``y = x @ W + b`` against ``y = x @ W.T + b``). The built-in GPT uses ``nn.Linear``,
-so those four weights per block are transposed on the way out; everything else is
-only renamed. Shapes give the configuration; what they cannot tell (heads, the
-activation) comes from ``GPT2_EXPORTS``.
+(``y = x @ W + b`` against ``y = x @ W.T + b``), and projects q, k and v in one
+layer, ``c_attn``. The built-in GPT uses separate ``nn.Linear`` layers, so its q, k, v
+projections are stacked into one, those four weights per block are transposed on the
+way out, and everything else is only renamed. Shapes give the configuration; what
+they cannot tell (heads, the activation, the norm's epsilon) comes from ``GPT2_EXPORTS``.
 """
 
 from __future__ import annotations
@@ -17,32 +18,61 @@ from typing import Any
 import torch
 from torch import nn
 
-# Built-in GPT parameter name -> GPT2LMHeadModel's; "{i}" is the block index. The left-hand
-# sides are nanoGPT's names (GPT-2's own, in nn.Linear layout): the built-in GPT's go there.
+from nodescale.models.gpt import GPT2_MEDIUM, GPT2_SMALL, GPTShape
+
+# Built-in GPT parameter name -> GPT2LMHeadModel's; "{i}" is the block index. "attention.wqkv" is
+# wq, wk and wv fused by gpt2_state first: GPT-2 projects q, k and v in one layer, c_attn.
 GPT2_NAMES: dict[str, str] = {
-    "transformer.wte.weight": "transformer.wte.weight",
-    "transformer.wpe.weight": "transformer.wpe.weight",
-    **{f"transformer.h.{{i}}.{part}": f"transformer.h.{{i}}.{part}" for part in (
-        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-        "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
-        "mlp.c_proj.bias")},
-    "transformer.ln_f.weight": "transformer.ln_f.weight",
-    "transformer.ln_f.bias": "transformer.ln_f.bias",
-    "lm_head.weight": "lm_head.weight",  # tied to wte where the built-in ties them
+    "tok_embeddings.weight": "transformer.wte.weight",
+    "pos_embeddings.weight": "transformer.wpe.weight",
+    **{f"layers.{{i}}.{ours}.{kind}": f"transformer.h.{{i}}.{theirs}.{kind}"
+       for ours, theirs in (("attention_norm", "ln_1"), ("attention.wqkv", "attn.c_attn"),
+                            ("attention.wo", "attn.c_proj"), ("ffn_norm", "ln_2"), ("feed_forward.w1", "mlp.c_fc"),
+                            ("feed_forward.w2", "mlp.c_proj"))
+       for kind in ("weight", "bias")},
+    "norm.weight": "transformer.ln_f.weight",
+    "norm.bias": "transformer.ln_f.bias",
+    "output.weight": "lm_head.weight",  # tied to wte where the built-in ties them
 }
 # GPT2LMHeadModel's Conv1D weights (by the end of their names): transposed from nn.Linear's layout.
 GPT2_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-# Built-in models exported as GPT2LMHeadModel -> the GPT2Config settings their shapes do not tell,
-# e.g. "gpt2_small": {"n_head": 12, "activation_function": "gelu"} (exact GELU; GPT-2's own is "gelu_new").
-GPT2_EXPORTS: dict[str, dict[str, Any]] = {}
+# c_attn's output splits into q, k, v in this order, so the fused projection stacks them so.
+QKV = ("wq", "wk", "wv")
+
+
+def gpt2_settings(shape: GPTShape) -> dict[str, Any]:
+    """The GPT2Config settings a built-in's weight shapes do not tell."""
+    # The built-in's GELU is F.gelu(approximate="tanh"): "gelu_pytorch_tanh" calls that very function,
+    # where "gelu_new" writes the same formula out in other operations (equal only to rounding).
+    return {"n_head": shape.heads, "layer_norm_epsilon": shape.norm_eps, "activation_function": "gelu_pytorch_tanh"}
+
+
+# Built-in models exported as GPT2LMHeadModel (the GPT-2 flavour's) -> their GPT2Config settings.
+GPT2_EXPORTS: dict[str, dict[str, Any]] = {"gpt2_small": gpt2_settings(GPT2_SMALL),
+                                           "gpt2_medium": gpt2_settings(GPT2_MEDIUM)}
+
+
+def fuse_qkv(builtin: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``builtin`` with each block's ``attention.{wq,wk,wv}`` as one ``attention.wqkv``: their outputs
+    stacked, q first (dim 0 of nn.Linear's ``(out, in)`` weight, and the biases alike)."""
+    fused: dict[str, torch.Tensor] = {}
+    for key, tensor in builtin.items():
+        module, _, kind = key.rpartition(".")
+        attention, _, projection = module.rpartition(".")
+        if projection not in QKV or not attention.endswith("attention"):
+            fused[key] = tensor
+        elif projection == QKV[0]:
+            fused[f"{attention}.wqkv.{kind}"] = torch.cat([builtin[f"{attention}.{p}.{kind}"] for p in QKV])
+    return fused
 
 
 def gpt2_state(builtin: Mapping[str, torch.Tensor], names: Mapping[str, str] = GPT2_NAMES) -> dict[str, torch.Tensor]:
-    """``builtin``'s tensors under GPT2LMHeadModel's names, Conv1D weights transposed."""
+    """``builtin``'s tensors (a GPT-2 flavoured built-in GPT's) under GPT2LMHeadModel's names: q, k, v
+    fused, Conv1D weights transposed."""
     patterns = [(re.compile(re.escape(ours).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$"), theirs)
                 for ours, theirs in names.items()]
     converted: dict[str, torch.Tensor] = {}
-    for key, tensor in builtin.items():
+    for key, tensor in fuse_qkv(builtin).items():
         match = next(((m, theirs) for pattern, theirs in patterns if (m := pattern.match(key))), None)
         if match is None:
             raise ValueError(f"the built-in GPT's {key!r} has no GPT-2 name: add it to GPT2_NAMES")
