@@ -201,6 +201,7 @@ def test_a_short_run_on_pydoc_learns_more_than_byte_frequencies(tmp_path: Path) 
     frequencies_only = unigram_loss(cfg.data)  # about 3.2 nats per byte on Python 3.11
     assert summary["val_loss"] < frequencies_only - 0.3, (summary["val_loss"], frequencies_only)
     assert summary["val_perplexity"] == pytest.approx(math.exp(summary["val_loss"]))
+    assert 0.05 < summary["val_accuracy"] < 1  # next-token accuracy, over every validation window
     assert summary["seq_len"] == 64  # pydoc's default
 
 

@@ -40,7 +40,7 @@ def evaluate(ctx: Context, model: nn.Module, loader: EpochLoader, loss: LossFn, 
             count += real
         # Inside the untimed block: a rank that finished first waits here for the others.
         total = max(ctx.sum(count), 1.0)
-        accuracy = ctx.sum(hits) / total if task == "classification" else None
+        accuracy = None if task == "regression" else ctx.sum(hits) / total
         loss_mean = ctx.sum(loss_sum) / total
     model.train(was_training)
     return EvalResult(loss_mean, accuracy, int(total))
