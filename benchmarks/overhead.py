@@ -104,9 +104,10 @@ CASES: dict[str, Case] = {
         description="ResNet-18 (CIFAR stem), random 3x32x32 images, batch 16/process",
     ),
     # nodescale train --model gpt_nano --dataset pydoc with its defaults (~0.4 s steps on one core);
-    # 40 steps stay inside the first epoch (91 steps), where nodescale would pause to evaluate.
+    # 25 steps stay inside the first epoch (91 steps, whose end nodescale pauses to evaluate) and keep
+    # 8 pairs near 10 minutes on 2 shared cores.
     "gpt-nano-pydoc": Case(
-        "gpt-nano-pydoc", "gpt_nano", "pydoc", batch_size=32, steps=40, warmup_steps=5, seq_len=64,
+        "gpt-nano-pydoc", "gpt_nano", "pydoc", batch_size=32, steps=25, warmup_steps=5, seq_len=64,
         description="gpt_nano (0.82M, Llama flavour) on pydoc bytes, 64-token windows, batch 32/process",
     ),
 }
