@@ -146,7 +146,7 @@ def _average_epoch(epochs: list[float]) -> float | None:
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
-        return torch.cuda.getdevice_name(device)
+        return torch.cuda.get_device_name(device)
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
