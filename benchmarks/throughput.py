@@ -1,19 +1,24 @@
 """Single-GPU training throughput of ``nodescale train`` against the best hand-written loop, with MFU.
 
-For ResNet-50 and ViT-B/16 on synthetic images (224 px, 1000 classes), each in one or more
-variants (precision, channels_last, torch.compile), runs repeated, interleaved pairs of
-``benchmarks/raw_throughput.py`` (plain PyTorch) and ``nodescale train --strategy single
---dataset synthetic`` (its summary.json), with the same architecture, batch, optimiser,
-precision, steps and warm-up exclusion. It reports images/s of both, their ratio (target
->= 0.98), the MFU of both (3 x forward FLOPs per image, FlopCounterMode, against the GPU's peak
-in ``nodescale/bench/peaks.yaml``), peak memory and warm-up (compilation) time beside the
-published ResNet-50 figure (one A100 80GB, AMP: 2,470 images/s). The fairness rules: README.md.
+For ResNet-50 and ViT-B/16 on synthetic images (224 px, 1000 classes), and GPT-2 small on
+random GPT-2 token ids in 1024-token windows, each in one or more variants (precision,
+channels_last, torch.compile), runs repeated, interleaved pairs of the hand-written loop
+(``raw_throughput.py`` for images, ``raw_lm.py`` for the language model) and ``nodescale train
+--strategy single`` (its summary.json), with the same architecture, batch, optimiser, precision,
+steps and warm-up exclusion. It reports images/s or tokens/s of both, their ratio (target
+>= 0.98), the MFU of both (3 x forward FLOPs, FlopCounterMode, against the GPU's peak in
+``nodescale/bench/peaks.yaml``), peak memory and warm-up (compilation) time beside the
+published ResNet-50 figure (one A100 80GB, AMP: 2,470 images/s). Cases and commands:
+``throughput_cases.py``; what the figures mean: ``throughput_results.py``; fairness: README.md.
 
-    python benchmarks/throughput.py                                # GPU: both models, the fast variants
-    python benchmarks/throughput.py --quick                        # GPU: one eager variant per model, ~2 min
+    python benchmarks/throughput.py                                # GPU: every model, the fast variants
+    python benchmarks/throughput.py --quick                        # GPU: one variant per model
+    python benchmarks/throughput.py --cases gpt2_small --quick     # GPU: GPT-2 small compiled, one pair, ~3 min
     python benchmarks/throughput.py --variants fp32,bf16,bf16+cl   # GPU: the ablation
     OMP_NUM_THREADS=1 python benchmarks/throughput.py --device cpu --image-size 32 --batch-size 4 \\
         --steps 6 --warmup 2 --cases resnet50 --variants fp32 --repeats 1   # CPU smoke test
+    OMP_NUM_THREADS=1 python benchmarks/throughput.py --device cpu --seq-len 32 --batch-size 2 \
+        --steps 4 --warmup 2 --cases gpt2_small --variants fp32 --repeats 1   # CPU smoke test, LM
 
 It never runs past ``--hard-limit-s``: a pair of runs whose estimate would end after
 ``--budget-s`` is skipped. Results go to ``benchmarks/results/throughput.json`` (``--out``),
@@ -36,11 +41,21 @@ from rich.markup import escape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import HERE, child_env, interleave, machine, run_logged, wide_console, write_results  # noqa: E402
+from throughput_cases import (  # noqa: E402
+    CASES,
+    GPT2_VOCAB,
+    QUICK_VARIANTS,
+    VIT_PATCH,
+    Point,
+    command,
+    guess_seconds,
+    parse_variant,
+    write_token_files,
+)
 from throughput_results import (  # noqa: E402
     SIDES,
     TARGET_RATIO,
     UNITS,
-    VIT_PATCH,
     against_reference,
     device_facts,
     fmt,
@@ -52,71 +67,7 @@ from throughput_results import (  # noqa: E402
     training_flops,
 )
 
-RAW_SCRIPT = HERE / "raw_throughput.py"
 DEFAULT_OUT = HERE / "results" / "throughput.json"
-UNBOUNDED_EPOCHS = 1_000_000
-
-
-@dataclass(frozen=True)
-class Case:
-    """One model, measured in each variant."""
-
-    name: str  # nodescale's model name (and raw_throughput.py's --model)
-    batch_size: int  # default for an 80 GB GPU
-    cnn: bool  # channels_last applies
-    description: str
-    auto_variants: tuple[str, ...]
-
-
-CASES: dict[str, Case] = {
-    "resnet50": Case("resnet50", 256, True, "ResNet-50 v1.5 (torchvision's layout, ImageNet stem)",
-                     ("bf16+cl", "bf16+cl+compile")),
-    "vit_b16": Case("vit_b16", 128, False, "ViT-B/16 (768 wide, 12 blocks, SDPA attention)",
-                    ("bf16", "bf16+compile")),
-}
-QUICK_VARIANTS = {"resnet50": ("bf16+cl",), "vit_b16": ("bf16",)}
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    precision: str  # fp32 or bf16
-    channels_last: bool
-    compile: bool
-
-
-def parse_variant(text: str) -> Variant:
-    """``bf16+cl+compile`` -> Variant; the precision first, then any of ``cl`` and ``compile``."""
-    tokens = [t.strip().lower() for t in text.split("+") if t.strip()]
-    if not tokens or tokens[0] not in ("fp32", "bf16"):
-        raise ValueError(f"variant {text!r}: start with the precision, fp32 or bf16 (e.g. bf16+cl+compile)")
-    extras = tokens[1:]
-    if any(t not in ("cl", "compile") for t in extras) or len(set(extras)) != len(extras):
-        raise ValueError(f"variant {text!r}: after the precision only 'cl' and 'compile', each once")
-    cl, compiled = "cl" in extras, "compile" in extras
-    return Variant(tokens[0] + "+cl" * cl + "+compile" * compiled, tokens[0], cl, compiled)
-
-
-@dataclass(frozen=True)
-class Point:
-    """One case in one variant: what both sides run, identically."""
-
-    case: str
-    variant: Variant
-    batch_size: int
-    image_size: int
-    num_classes: int
-    steps: int  # optimiser steps in total, warm-up included
-    warmup_steps: int
-    samples: int  # nodescale's data.samples (raw keeps --raw-pool-batches batches instead)
-
-    @property
-    def key(self) -> str:
-        return f"{self.case} {self.variant.name}"
-
-    @property
-    def slug(self) -> str:  # file names: no '+' or spaces
-        return f"{self.case}-{self.variant.name.replace('+', '_')}"
 
 
 @dataclass
@@ -135,47 +86,7 @@ class Run:
         return self.error is None
 
 
-# Rough H100 figures, only to plan the time budget; replaced by what each run actually took.
-GUESS_IMAGES_PER_SECOND = {("resnet50", "fp32"): 1000.0, ("resnet50", "bf16"): 2300.0,
-                           ("vit_b16", "fp32"): 350.0, ("vit_b16", "bf16"): 900.0}
-GUESS_START_SECONDS = {"raw": 12.0, "nodescale": 15.0}
-GUESS_COMPILE_SECONDS = {"raw": 60.0, "nodescale": 90.0}  # nodescale also compiles eval mode for validation
-
-
-def guess_seconds(point: Point, side: str) -> float:
-    rate = GUESS_IMAGES_PER_SECOND.get((point.case, point.variant.precision), 500.0)
-    rate *= (224 / point.image_size) ** 2 * (1.15 if point.variant.channels_last else 1.0)
-    seconds = GUESS_START_SECONDS[side] + point.steps * point.batch_size / rate
-    if side == "nodescale":  # its data drawn on the host, and a validation pass per epoch
-        seconds += point.samples * 3 * point.image_size**2 * 4 / 0.3e9 + 0.05 * point.steps
-    return seconds + (GUESS_COMPILE_SECONDS[side] if point.variant.compile else 0.0)
-
-
 # --------------------------------------------------------------- running
-def command(side: str, point: Point, args: argparse.Namespace, run_dir: Path) -> list[str]:
-    v = point.variant
-    shared = ["--batch-size", str(point.batch_size), "--precision", v.precision,
-              *(["--channels-last"] if v.channels_last else []), *(["--compile"] if v.compile else [])]
-    if side == "raw":
-        return [sys.executable, str(RAW_SCRIPT), "--model", point.case, "--model-source", args.raw_source,
-                "--image-size", str(point.image_size), "--num-classes", str(point.num_classes), *shared,
-                "--steps", str(point.steps), "--warmup-steps", str(point.warmup_steps),
-                "--pool-batches", str(args.raw_pool_batches), "--device", args.device,
-                *([] if args.raw_cudnn_benchmark else ["--no-cudnn-benchmark"])]
-    return [sys.executable, "-m", "nodescale", "train", "--strategy", "single", "--model", point.case,
-            "--dataset", "synthetic", *shared,
-            # nodescale stops at whichever comes first, epochs or max-steps: the epochs must never bind.
-            "--max-steps", str(point.steps), "--epochs", str(UNBOUNDED_EPOCHS), "--out", str(run_dir), "--no-progress",
-            "--set", f"data.image_size={point.image_size}", "--set", f"data.samples={point.samples}",
-            "--set", f"data.num_classes={point.num_classes}",
-            "--set", "optim.schedule=constant",  # the raw loop's learning rate is constant too
-            "--set", f"train.timing_warmup_steps={point.warmup_steps}",
-            "--set", "checkpoint.at_end=false",  # outside the clock anyway; saves wall time
-            # What torchvision builds at every image size: the ImageNet stem (auto picks the CIFAR
-            # stem up to 64 px) and 16-pixel patches (auto shrinks them for small images).
-            "--set", "model.stem=imagenet" if CASES[point.case].cnn else f"model.patch_size={VIT_PATCH}"]
-
-
 def run_side(side: str, point: Point, repeat: int, args: argparse.Namespace, workdir: Path, left: float) -> Run:
     """One run of ``side``, killed after ``left`` seconds, with a compile cache of its own: every
     compilation is cold on both sides (with a shared cache the second side would load the first
@@ -231,6 +142,10 @@ def build_plan(args: argparse.Namespace) -> tuple[list[Point], list[str]]:
             notes += [f"{name} {v.name}: skipped, channels_last applies to CNNs" for v in args.variant_list
                       if v not in variants]
         batch = args.batch_sizes[name]
+        if case.language_model:  # one more batch of windows than the steps take: no epoch ends in a run
+            points += [Point(name, v, batch, args.image_size, GPT2_VOCAB, args.steps, args.warmup,
+                             (args.steps + 1) * batch, args.seq_len) for v in variants]
+            continue
         samples, found = nodescale_samples(batch, args.image_size, args.samples)
         notes += [f"{name}: {note}" for note in found]
         points += [Point(name, v, batch, args.image_size, args.num_classes, args.steps, args.warmup, samples)
@@ -241,12 +156,15 @@ def build_plan(args: argparse.Namespace) -> tuple[list[Point], list[str]]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    add("--cases", default="resnet50,vit_b16", help=f"comma-separated, of: {', '.join(CASES)} (default: the images)")
     add("--variants", default="auto", help="comma-separated PRECISION[+cl][+compile], PRECISION fp32 or bf16, cl = "
         "channels_last (CNNs only); default: " + "; ".join(f"{c.name} {', '.join(c.auto_variants)}"
                                                           for c in CASES.values()))
-    add("--quick", action="store_true", help="one eager bf16 variant per model, 1 repeat, 30 steps (~2 min on a GPU)")
-    add("--batch-size", default=None, help="N for every case, or per case (default resnet50=256,vit_b16=128)")
+    add("--quick", action="store_true", help="one variant per model (" + ", ".join(
+        f"{k} {'/'.join(v)}" for k, v in QUICK_VARIANTS.items()) + "), 1 repeat, 30 steps (~2-3 min each on a GPU)")
+    add("--batch-size", default=None, help="N for every case, or per case (default " + ",".join(
+        f"{c.name}={c.batch_size}" for c in CASES.values()) + ")")
+    add("--seq-len", type=int, default=1024, help="tokens per window of the language model (default 1024)")
     add("--image-size", type=int, default=224)
     add("--num-classes", type=int, default=1000)
     add("--steps", type=int, default=None, help="optimiser steps per run, warm-up included (default 50; 30 quick)")
@@ -317,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.raw_source}; {args.steps} steps, {args.warmup} warm-up")
     for point in points:
         pair = guess_seconds(point, "raw") + guess_seconds(point, "nodescale")
-        console.print(f"  {point.key:<24} batch {point.batch_size}, {point.image_size} px, nodescale data.samples="
-                      f"{point.samples}" + (f", ~{pair:.0f} s per pair" if on_gpu else ""))
+        data = (f"{point.seq_len}-token windows, {point.samples} of random ids" if point.seq_len else
+                f"{point.image_size} px, nodescale data.samples={point.samples}")
+        console.print(f"  {point.key:<24} batch {point.batch_size}, {data}" + (f", ~{pair:.0f} s per pair" if on_gpu
+                                                                                else ""))
     for note in notes:
         console.print(f"  note: {note}")
     if on_gpu:
@@ -329,9 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     if not points or args.dry_run:
         return 0 if points else 2
 
-    flops = {name: training_flops(name, CASES[name].cnn, args.image_size, args.num_classes) for name in args.case_names}
-    reference = (reference_row(flops["resnet50"][0])
-                 if "resnet50" in flops and (args.image_size, args.num_classes) == (224, 1000) else None)
+    flops = {point.key: training_flops(point) for point in points}  # per sample: counter, note, 6N + 12LdT
+    resnet = next((point for point in points if point.case == "resnet50"), None)
+    reference = (reference_row(flops[resnet.key][0])
+                 if resnet is not None and (args.image_size, args.num_classes) == (224, 1000) else None)
     info = machine("torchvision")
     env_threads = str(args.threads) if args.threads is not None else os.environ.get("OMP_NUM_THREADS")
     runs: list[Run] = []
@@ -343,10 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         info.update(device_facts(runs))
         body = {"benchmark": "throughput", "complete": final and not skipped and all(r.ok for r in runs),
                 "settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                                if k not in ("variant_list", "cache_root")},
+                                if k not in ("variant_list", "cache_root", "token_dirs")},
                              "omp_num_threads": env_threads},
                 "units": UNITS, "target_ratio": TARGET_RATIO, "reference": reference, "notes": notes,
-                "cases": [summarise(p, CASES[p.case].description, runs, *flops[p.case]) for p in points],
+                "cases": [summarise(p, CASES[p.case].description, runs, *flops[p.key]) for p in points],
                 "runs": [asdict(r) for r in runs], "skipped": skipped, "total_seconds": time.perf_counter() - started}
         write_results(args.out, info, body, console if final else None)
         return body
@@ -355,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = args.keep_logs or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         args.cache_root = Path(tmp) / "compile-cache"
+        args.token_dirs = {p.case: write_token_files(Path(tmp) / f"tokens-{p.case}", p) for p in points if p.seq_len}
         for repeat, point, sides in order:
             # A pair runs whole or not at all: one side alone compares nothing.
             elapsed = time.perf_counter() - started
@@ -373,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
                 run = run_side(side, point, repeat, args, workdir, left)
                 runs.append(run)
                 observed[(point.key, side)] = max(observed.get((point.key, side), 0.0), run.wall_seconds)
-                f = run.figures
+                f, unit = run.figures, CASES[point.case].unit
                 console.print(f"repeat {repeat + 1}  {point.key:<24} {side:<9} " + (
-                    f"{f['samples_per_second']:10,.1f} img/s  {f['step_seconds'] * 1e3:9.2f} ms/step  warm-up "
+                    f"{f.get(unit + '_per_second') or f['samples_per_second']:10,.1f} {unit[:3]}/s  "
+                    f"{f['step_seconds'] * 1e3:9.2f} ms/step  warm-up "
                     f"{fmt(f['warmup_seconds'], '.1f')} s  (wall {run.wall_seconds:.1f} s)" if run.ok
                     else "[red]failed:[/] " + escape(run.error or "")))
                 save(final=False)  # a killed invocation keeps what it measured

@@ -1,7 +1,8 @@
 """What a ``throughput.py`` run's figures are and mean: each side's figures read from its output,
 the model's training FLOPs, the device's peak, MFU, the summary of each case and variant, the table.
 
-MFU = images/s x training FLOPs per image / the device's peak FLOP/s for the precision, by
+MFU = images/s x training FLOPs per image (tokens/s x per token for a language model, where
+``6N + 12LdT`` is shown beside the counter's figure) / the device's peak FLOP/s for the precision, by
 ``nodescale.bench.scaling_math.mfu`` (as ``nodescale bench scaling``), with the peaks of
 ``nodescale/bench/peaks.yaml`` (fp32 runs against the TF32 peak: cuDNN runs fp32 convolutions on
 TF32 tensor cores). A device not in the table gets MFU "unknown", never a guess.
@@ -17,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from harness import compare, nodescale_summary, result_line, span
 from rich.table import Table
+from throughput_cases import CASES, VIT_PATCH, Point, data_bytes
 
 if TYPE_CHECKING:
-    from throughput import Point, Run
+    from throughput import Run
 
 TARGET_RATIO = 0.98  # nodescale/raw images per second: overhead.py's 2% on step time
 SIDES = ("raw", "nodescale")
-VIT_PATCH = 16
 REFERENCE = {
     "what": "ResNet-50 v1.5 training, AMP (fp16), one A100 80GB, batch 256",
     "images_per_second": 2470.0,
@@ -34,8 +35,9 @@ REFERENCE = {
 }
 
 UNITS = {"images_per_second": "training images per second, warm-up excluded",
-         "ratio": "nodescale images/s / raw images/s (medians); 1.0 = parity",
-         "mfu": "images/s x training FLOPs per image / the device's peak FLOP/s for the precision",
+         "tokens_per_second": "language models: training tokens (next-token predictions) per second, warm-up excluded",
+         "ratio": "nodescale/raw images/s or tokens/s (medians); 1.0 = parity",
+         "mfu": "images/s x training FLOPs per image (or per token) / the device's peak FLOP/s for the precision",
          "warmup_seconds": "the first --warmup optimiser steps, compilation and autotuning included"}
 
 
@@ -50,10 +52,10 @@ def nodescale_figures(point: Point, run_dir: Path) -> dict[str, Any]:
     data = nodescale_summary(run_dir)
     keep = ("samples_per_second", "step_seconds", "timed_steps", "timed_samples", "peak_memory_bytes",
             "peak_memory_kind", "data_wait_fraction", "epochs_completed", "global_steps", "state_bytes_per_rank",
-            "torch_version", "python_version", "val_loss")
-    per_sample = 3 * point.image_size**2 * 4 + 8  # float32 image, int64 label; training and validation sets
+            "torch_version", "python_version", "val_loss", "tokens_per_second", "mfu", "training_flops_per_token",
+            "estimated_training_flops_per_token")
     return {**{k: data.get(k) for k in keep}, "train_wall_seconds": data.get("wall_seconds"),
-            "device_name": data.get("device"), "data_bytes": (point.samples + max(1, point.samples // 8)) * per_sample,
+            "device_name": data.get("device"), "data_bytes": data_bytes(point),
             "warmup_seconds": nodescale_warmup_seconds(run_dir, point.warmup_steps)}
 
 
@@ -92,8 +94,9 @@ def peak_flops(device_name: str | None, precision: str) -> dict[str, Any]:
             "source": entry.source if entry else None, "note": note}
 
 
-def training_flops(case: str, cnn: bool, image_size: int, num_classes: int) -> tuple[int | None, str | None]:
-    """nodescale's count for the model both sides train: 3 x forward FLOPs (FlopCounterMode, meta device)."""
+def training_flops(point: Point) -> tuple[int | None, str | None, int | None]:
+    """nodescale's count for the model both sides train, per sample: 3 x forward FLOPs (FlopCounterMode, meta
+    device; the engine's counter), the reason where there is none, and a language model's 6N + 12LdT."""
     try:
         import torch
 
@@ -102,25 +105,35 @@ def training_flops(case: str, cnn: bool, image_size: int, num_classes: int) -> t
         from nodescale.models.registry import build_model
         from nodescale.models.spec import InputSpec
 
-        section = (ModelSection(name=case, stem="imagenet") if cnn
-                   else ModelSection(name=case, patch_size=VIT_PATCH))
-        spec = InputSpec((3, image_size, image_size), num_classes)
+        if point.seq_len is not None:
+            section, spec = ModelSection(name=point.case), InputSpec((point.seq_len,), point.num_classes,
+                                                                     "language_modeling")
+        else:
+            section = (ModelSection(name=point.case, stem="imagenet") if CASES[point.case].cnn
+                       else ModelSection(name=point.case, patch_size=VIT_PATCH))
+            spec = InputSpec((3, point.image_size, point.image_size), point.num_classes)
         with torch.device("meta"):
-            return training_flops_per_sample(build_model(section, spec), spec), None
+            model = build_model(section, spec)
+            estimate = getattr(model, "estimated_training_flops_per_token", None)
+            return (training_flops_per_sample(model, spec), None,
+                    estimate(point.seq_len) * point.seq_len if point.seq_len and estimate else None)
     except Exception as exc:  # noqa: BLE001 - the MFU is then unknown, with the reason
-        return None, f"FLOPs not counted: {type(exc).__name__}: {exc}"
+        return None, f"FLOPs not counted: {type(exc).__name__}: {exc}", None
 
 
 def summarise(point: Point, description: str, runs: list[Run], flops: int | None, flops_note: str | None,
-              ) -> dict[str, Any]:
-    """Medians of each side, their ratio, MFU, memory and the checks of one case and variant."""
+              estimated: int | None = None) -> dict[str, Any]:
+    """Medians of each side (images/s, or tokens/s), their ratio, MFU, memory and the checks of one case and
+    variant; ``flops`` and ``estimated`` (6N + 12LdT) per sample."""
     from nodescale.bench.scaling_math import mfu
 
     mine = [r for r in runs if r.point == point.key]
     ok = {side: [r for r in mine if r.side == side and r.ok] for side in SIDES}
-    rates = {side: {r.repeat: r.figures["samples_per_second"] for r in ok[side] if r.figures.get("samples_per_second")}
-             for side in SIDES}
-    found = compare("raw", rates["raw"], "nodescale", rates["nodescale"], "images_per_second", higher_is_better=True)
+    unit, per_unit = f"{CASES[point.case].unit}_per_second", point.per_sample  # a sample is an image or seq_len tokens
+    unit_flops = flops / per_unit if flops else None
+    rates = {side: {r.repeat: r.figures["samples_per_second"] * per_unit for r in ok[side]
+                    if r.figures.get("samples_per_second")} for side in SIDES}
+    found = compare("raw", rates["raw"], "nodescale", rates["nodescale"], unit, higher_is_better=True)
 
     def first(side: str, key: str) -> Any:
         return next((r.figures[key] for r in ok[side] if r.figures.get(key)), None)
@@ -146,6 +159,12 @@ def summarise(point: Point, description: str, runs: list[Run], flops: int | None
     if flops and raw_flops and abs(raw_flops - flops) > 0.01 * flops:
         notes.append(f"the raw model counts {raw_flops:.4g} training FLOPs per sample, nodescale's {flops:.4g}: "
                      "not the same architecture")
+    engine = first("nodescale", "training_flops_per_token")  # what the run itself counted (language models)
+    if unit_flops and engine and abs(engine - unit_flops) > 0.01 * unit_flops:
+        notes.append(f"nodescale's run counted {engine:.4g} FLOPs per token, this harness {unit_flops:.4g}")
+    if unit_flops and estimated and abs(estimated / per_unit - unit_flops) > 0.05 * unit_flops:
+        notes.append(f"FLOPs per token: the counter's {unit_flops:.4g} and 6N + 12LdT's {estimated / per_unit:.4g} "
+                     "differ by more than 5%")
     if any(r.figures.get("graphs_compiled_during_timing") for r in ok["raw"]):
         notes.append("raw: torch.compile compiled a graph inside the timed steps (raise --warmup)")
     if any(r.figures.get("finite_loss") is False for r in ok["raw"]):
@@ -159,17 +178,19 @@ def summarise(point: Point, description: str, runs: list[Run], flops: int | None
               else "slower")
     if status == "invalid":
         notes.append("invalid: the two sides timed different numbers of steps or samples")
-    medians = {side: found[f"{side}_images_per_second_median"] for side in SIDES}
+    medians = {side: found[f"{side}_{unit}_median"] for side in SIDES}
     return {
-        "case": point.case, "variant": point.variant.name, "description": description,
+        "case": point.case, "variant": point.variant.name, "description": description, "unit": unit,
         "config": {**{k: v for k, v in asdict(point).items() if k != "variant"}, **asdict(point.variant)},
         "status": status, **found, "target_ratio": TARGET_RATIO,
         **{f"{side}_step_ms_median": median(side, "step_seconds", 1e3) for side in SIDES},
         "training_flops_per_sample": flops, "raw_training_flops_per_sample": raw_flops,
+        **({"training_flops_per_token": unit_flops, "estimated_training_flops_per_token": estimated / per_unit
+            if estimated else None, "nodescale_counted_flops_per_token": engine} if point.seq_len else {}),
         "raw_parameters": first("raw", "parameters"), "raw_model_source": first("raw", "model_source"),
         "peak": {k: v for k, v in peak.items() if k != "flops"},
-        **{f"{side}_mfu": mfu(medians[side], flops, peak["flops"], 1) for side in SIDES},
-        **{f"{side}_achieved_tflops": medians[side] * flops / 1e12 if medians[side] and flops else None
+        **{f"{side}_mfu": mfu(medians[side], unit_flops, peak["flops"], 1) for side in SIDES},
+        **{f"{side}_achieved_tflops": medians[side] * unit_flops / 1e12 if medians[side] and unit_flops else None
            for side in SIDES},
         **{f"{side}_memory": memory(side) for side in SIDES},
         # The first warm-up steps, compilation and autotuning included (every run compiles cold).
@@ -217,9 +238,9 @@ def fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
 
 def results_table(summaries: list[dict[str, Any]], reference: dict[str, Any] | None, device: str) -> Table:
     mem_key = "peak_bytes_excluding_data" if device == "cuda" else "peak_bytes"
-    table = Table(title="Training images/s, one device, median of repeats (higher is better); "
+    table = Table(title="Training images/s (img) or tokens/s (tok), one device, median of repeats (higher is better); "
                         f"ratio = nodescale/raw, target >= {TARGET_RATIO:.2f}")
-    for header in ("case", "variant", "batch", "raw img/s", "nodescale img/s", "ratio", "paired", "result",
+    for header in ("case", "variant", "batch", "raw /s", "nodescale /s", "ratio", "paired", "result",
                    "raw MFU", "nodescale MFU", "peak", "raw step ms", "ns step ms",
                    ("peak GB excl. data" if device == "cuda" else "peak host RSS GB") + " raw/ns", "warm-up s raw/ns"):
         table.add_column(header, justify="left" if header in ("case", "variant", "peak") else "right",
@@ -232,8 +253,9 @@ def results_table(summaries: list[dict[str, Any]], reference: dict[str, Any] | N
     for s in summaries:
         tflops = s["peak"].get("tflops")
         table.add_row(
-            s["case"], s["variant"], str(s["config"]["batch_size"]), fmt(s["raw_images_per_second_median"], ",.1f"),
-            fmt(s["nodescale_images_per_second_median"], ",.1f"), fmt(s["ratio"], ".3f"), span(s["paired_ratios"]),
+            s["case"], s["variant"], str(s["config"]["batch_size"]),
+            *(fmt(s[f"{side}_{s['unit']}_median"], ",.1f") + " " + s["unit"][:3] for side in SIDES),
+            fmt(s["ratio"], ".3f"), span(s["paired_ratios"]),
             f"[{colours.get(s['status'], 'yellow')}]{s['status']}[/]", pct(s["raw_mfu"]), pct(s["nodescale_mfu"]),
             f"{s['peak']['dtype']} {tflops:.0f} TF" if tflops else "unknown",
             fmt(s["raw_step_ms_median"], ",.2f"), fmt(s["nodescale_step_ms_median"], ",.2f"),
