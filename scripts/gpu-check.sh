@@ -3,6 +3,7 @@
 #
 #   bash scripts/gpu-wheels.sh                    # here, once: wheels the bare GPU image lacks
 #   bash scripts/gpu-check.sh tests|bench|all [throughput.py flags]   # there, with .whl carried
+#   bash scripts/gpu-check.sh bench --cases gpt2_small --quick       # GPT-2 small tokens/s and MFU, ~3 min
 #
 # One device call runs at most 10 minutes: run `tests` and `bench` in separate calls there.
 # Results (JUnit XML, logs, benchmark JSON) go to $OUT when it is set (the device tool's
