@@ -123,7 +123,7 @@ def run(code: Path) -> Path:
 def test_an_fsdp_trained_model_exports_and_reloads_with_its_logits(run: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     summary = read_summary(run / "run")
-    assert summary["strategy"] == "fsdp" and summary["global_steps"] == 6 and summary["val_accuracy"] is None
+    assert summary["strategy"] == "fsdp" and summary["global_steps"] == 6 and 0 <= summary["val_accuracy"] <= 1
     assert sorted(p.name for p in (run / "export").iterdir()) == ["config.json", "generation_config.json",
                                                                   "model.safetensors"]
     assert not list(run.glob(".export.tmp-*"))  # written aside, renamed into place
