@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from nodescale.data.registry import DATASETS
 from nodescale.errors import UserError
-from nodescale.models.registry import model_entry
+from nodescale.models.registry import MODELS, model_entry
 from nodescale.plugins.refs import is_plugin
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def check_tensor_parallel_model(cfg: RunConfig) -> None:
     """A built-in model under ``--tp`` must declare how its blocks split (``nodescale train``, before any
     process starts: a library run's configuration names no model; the user's models are checked once built)."""
     tp, model = getattr(cfg.strategy, "tp", 1), cfg.model.name
-    if tp > 1 and not is_plugin(model) and not MODELS[model].tensor_parallel:
+    if tp > 1 and not is_plugin(model) and not model_entry(model).tensor_parallel:
         raise UserError(f"--tp {tp} with model {model!r}", "the model declares no tensor-parallel plan",
                         f"use one of {', '.join(n for n, e in MODELS.items() if e.tensor_parallel)}, or drop --tp")
 
