@@ -12,7 +12,7 @@ from conftest import read_summary, run_cli
 from nodescale.bench import peaks, scaling_math
 from nodescale.bench.scaling import ScalingPlan, check_train_args
 from nodescale.bench.scaling_math import Measurement, scaling_rows
-from nodescale.bench.scaling_results import collect, display_rows
+from nodescale.bench.scaling_results import collect, display_table
 from nodescale.cli.run_flags import FLAG_NAMES
 from nodescale.errors import UserError
 from nodescale.figures import EFFICIENCY_LABEL, PROCESSES_LABEL, THROUGHPUT_LABEL, scaling_figure
@@ -176,12 +176,15 @@ def test_plot_axes_are_labelled_with_units() -> None:
     assert list(eff["measured"].get_ydata()) == pytest.approx([100.0, 80.0])
 
 
-def test_display_rows_mark_unknown_mfu_and_oversubscription() -> None:
+def test_display_table_marks_unknown_mfu_and_oversubscription_and_shows_tokens_for_language_models() -> None:
     row = {"world_size": 4, "batch_size_per_process": 16, "global_batch_size": 64, "samples_per_second": 1234.56,
            "speedup": 1.5, "ideal_speedup": 4.0, "efficiency": 0.375, "step_ms": 51.84, "achieved_tflops": None,
            "mfu": None, "oversubscribed": True}
-    assert display_rows(_result([row])) == [
-        ("4 *", "16", "64", "1,234.6", "1.50", "4.00", "37.5", "51.84", "unknown", "unknown")]
+    headers, rows = display_table(_result([row]))
+    assert "tokens/s" not in headers  # a classifier's table has no column of n/a
+    assert rows == [["4 *", "16", "64", "1,234.6", "1.50", "4.00", "37.5", "51.84", "unknown", "unknown"]]
+    headers, rows = display_table(_result([{**row, "tokens_per_second": 1234.56 * 64}]))
+    assert dict(zip(headers, rows[0]))["tokens/s"] == "79,012" and len(headers) == len(rows[0])
 
 
 # ---------------------------------------------------------------- CLI

@@ -205,6 +205,13 @@ def test_a_short_run_on_pydoc_learns_more_than_byte_frequencies(tmp_path: Path) 
     assert summary["seq_len"] == 64  # pydoc's default
 
 
+def test_pydoc_brings_its_own_default_epochs_and_a_setting_wins() -> None:
+    """Three epochs keep the default `--dataset pydoc` run under two minutes on 2 CPU cores."""
+    assert load_config(None, {"model.name": "gpt_nano", "data.name": "pydoc"}).train.epochs == 3
+    assert load_config(None, {"model.name": "gpt_nano", "data.name": "pydoc", "train.epochs": 10}).train.epochs == 10
+    assert load_config(None, {}).train.epochs == 10  # digits keeps the global default
+
+
 # --- the strategies, on 2 gloo ranks -----------------------------------------------------------------
 
 # SGD at a constant rate: differences between runs stay the size of float rounding (Adam would rescale
@@ -276,3 +283,19 @@ def test_tokens_per_second_perplexity_and_flops_are_reported(lm_runs: dict[str, 
     assert all(0 <= r["accuracy"] <= 1 and "mfu" in r for r in steps)
     header = (lm_runs["ddp"] / "metrics.csv").read_text().splitlines()[0].split(",")
     assert "tokens_per_second" in header and "val_perplexity" in header
+
+
+@pytest.mark.multiproc
+def test_the_report_shows_tokens_per_second_and_perplexity_beside_a_classifier(
+        lm_runs: dict[str, Path], tmp_path: Path) -> None:
+    from nodescale.report.build import build_report
+    from nodescale.report.run_section import summary_rows
+
+    summary = read_summary(lm_runs["ddp"])
+    report = build_report([lm_runs["ddp"], lm_runs["one"]], tmp_path / "report").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| throughput, all ranks (tokens/s)"))
+    assert f"{summary['tokens_per_second']:,.1f}" in row
+    assert "validation perplexity" in report
+    classifier = {"world_size": 1, "samples_per_second": 10.0, "mfu": None}
+    labels = [row[0] for row in summary_rows([classifier])]
+    assert "throughput, all ranks (samples/s)" in labels and not any("tokens" in label for label in labels)

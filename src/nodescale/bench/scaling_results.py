@@ -7,7 +7,7 @@ elsewhere (one cluster job per world size) are analysed the same way
 
 Outputs: ``OUT/scaling.json`` (settings, per-world-size rows, notes),
 ``OUT/scaling.csv`` (the rows) and ``OUT/scaling.png`` (the plot); and the
-rows as text for a table (:func:`display_rows`).
+rows as text for a table (:func:`display_table`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from nodescale.errors import UserError
 RUN_PREFIX = "ws-"
 CSV_COLUMNS = (
     "world_size", "devices", "batch_size_per_process", "global_batch_size", "samples_per_second",
-    "samples_per_second_per_device", "speedup", "ideal_speedup", "efficiency", "step_ms", "timed_steps",
+    "samples_per_second_per_device", "tokens_per_second", "speedup", "ideal_speedup", "efficiency", "step_ms", "timed_steps",
     "achieved_tflops", "mfu", "oversubscribed", "run_dir",
 )
 UNITS = {
     "samples_per_second": "samples/s, all processes, warm-up excluded",
+    "tokens_per_second": "tokens/s, all processes, warm-up excluded (language models; null otherwise)",
     "step_ms": "milliseconds per optimiser step, slowest rank",
     "speedup": "throughput / throughput of the base world size",
     "efficiency": "speedup / (world_size / base world size), 1.0 = ideal",
@@ -193,6 +194,7 @@ def _rows(
             "global_batch_size": summary.get("global_batch_size"),
             "samples_per_second": row.samples_per_second,
             "samples_per_second_per_device": summary.get("samples_per_second_per_device"),
+            "tokens_per_second": summary.get("tokens_per_second"),
             "speedup": row.speedup,
             "ideal_speedup": row.ideal_speedup,
             "efficiency": row.efficiency,
@@ -263,13 +265,14 @@ def write_outputs(out: Path, result: dict[str, Any]) -> list[Path]:
 
 
 TABLE_HEADERS = (
-    "processes", "batch / process", "global batch", "samples/s", "speedup (x)", "ideal (x)", "efficiency (%)",
-    "step time (ms)", "TFLOP/s", "MFU (%)",
+    "processes", "batch / process", "global batch", "samples/s", "tokens/s", "speedup (x)", "ideal (x)",
+    "efficiency (%)", "step time (ms)", "TFLOP/s", "MFU (%)",
 )
 
 
-def display_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The rows of ``result`` as text for :data:`TABLE_HEADERS` (the console table and the report's)."""
+def display_table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of ``result`` as text (the console table and the report's); the tokens/s column
+    only for language models."""
 
     def number(value: float | None, spec: str, unknown: str = "n/a") -> str:
         return unknown if value is None else format(value, spec)
@@ -277,16 +280,23 @@ def display_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
     shown = []
     for row in result["rows"]:
         mark = " *" if row.get("oversubscribed") else ""  # * = more processes than GPUs/cores
-        shown.append((
+        shown.append([
             f"{row['world_size']}{mark}",
             str(row.get("batch_size_per_process")),
             str(row.get("global_batch_size")),
             number(row.get("samples_per_second"), ",.1f"),
+            number(row.get("tokens_per_second"), ",.0f"),
             number(row.get("speedup"), ".2f"),
             number(row.get("ideal_speedup"), ".2f"),
             number(None if row.get("efficiency") is None else row["efficiency"] * 100, ".1f"),
             number(row.get("step_ms"), ",.2f"),
             number(row.get("achieved_tflops"), ".3g", "unknown"),
             number(None if row.get("mfu") is None else row["mfu"] * 100, ".2f", "unknown"),
-        ))
-    return shown
+        ])
+    headers = list(TABLE_HEADERS)
+    if all(row.get("tokens_per_second") is None for row in result["rows"]):
+        tokens = headers.index("tokens/s")
+        del headers[tokens]
+        for cells in shown:
+            del cells[tokens]
+    return headers, shown

@@ -159,14 +159,15 @@ def _print_result(result: dict[str, Any], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from nodescale.bench.scaling_results import TABLE_HEADERS, display_rows
+    from nodescale.bench.scaling_results import display_table
 
     settings = result["settings"]
     table = Table(title=f"{result['mode']} scaling: {settings['model']} on {settings['dataset']}, "
                   f"{settings['strategy']}, {settings['precision']}, {result['device']}", title_justify="left")
-    for header in TABLE_HEADERS:
+    headers, rows = display_table(result)
+    for header in headers:
         table.add_column(header, justify="right")
-    for row in display_rows(result):
+    for row in rows:
         table.add_row(*row)
     # A log file gets wide lines rather than a table squeezed into 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 150)

@@ -12,12 +12,13 @@ and ``nodescale config show`` should answer instantly.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from nodescale.config.combinations import check_combinations
 from nodescale.config.strategy import DDPSection, StrategySection
+from nodescale.data.registry import DATASETS
 from nodescale.data.section import DataSection
 from nodescale.errors import UserError, unknown_choice
 from nodescale.models.section import ModelSection
@@ -37,7 +38,7 @@ class OptimSection(Section):
 
 
 class TrainSection(Section):
-    epochs: int = Field(10, ge=1, description="passes over the training set")
+    epochs: int = Field(10, ge=1, description="passes over the training set (pydoc's default: 3)")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps")
     batch_size: int = Field(32, ge=1, description="samples per process per micro-batch")
     grad_accum: int = Field(1, ge=1, description="micro-batches accumulated per optimiser step")
@@ -196,6 +197,20 @@ class RunConfig(Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     observe: ObserveSection = Field(default_factory=ObserveSection)
     out: Path | None = Field(None, description="run directory; default runs/<model>-<dataset>-<time>")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dataset_epochs(cls, values: Any) -> Any:
+        """A dataset's own default number of epochs, where the user set none."""
+        if not isinstance(values, dict):
+            return values
+        data, train = values.get("data") or {}, values.get("train") or {}
+        if not isinstance(data, dict) or not isinstance(train, dict) or "epochs" in train:
+            return values
+        entry = DATASETS.get(str(data.get("name", DataSection.model_fields["name"].default)))
+        if entry is None or entry.epochs is None:
+            return values
+        return {**values, "train": {**train, "epochs": entry.epochs}}
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

@@ -7,14 +7,13 @@ from pathlib import Path
 
 from nodescale.figures import curves_figure, throughput_figure
 from nodescale.report import markdown as md
-from nodescale.report.run_section import SUMMARY_ROWS, summary_values, write_figure
+from nodescale.report.run_section import summary_rows, write_figure
 from nodescale.report.sources import RunSource
 
 
 def compare_section(runs: Sequence[RunSource], report_dir: Path, stem: str = "report-compare") -> str:
     """Markdown comparing ``runs``; writes ``STEM-curves.png`` and ``STEM-throughput.png``."""
-    columns = [summary_values(run.summary) for run in runs]
-    rows = [(label, *(column[index] for column in columns)) for index, (label, _) in enumerate(SUMMARY_ROWS)]
+    rows = summary_rows([run.summary for run in runs])
     base = runs[0].summary.get("samples_per_second")
     relative = [md.MISSING if not base or run.summary.get("samples_per_second") is None
                 else f"{run.summary['samples_per_second'] / base:.2f}" for run in runs]

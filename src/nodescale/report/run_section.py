@@ -46,20 +46,26 @@ SUMMARY_ROWS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("optimiser steps", _steps),
     ("throughput, all ranks (samples/s)", lambda s: md.number(s.get("samples_per_second"), 1)),
     ("throughput per device (samples/s)", lambda s: md.number(s.get("samples_per_second_per_device"), 1)),
+    ("throughput, all ranks (tokens/s)", lambda s: md.number(s.get("tokens_per_second"), 1)),
+    ("throughput per device (tokens/s)", lambda s: md.number(s.get("tokens_per_second_per_device"), 1)),
+    ("model FLOPs utilisation (MFU)", lambda s: md.percent(s.get("mfu"), 1)),
     ("average step time (ms)", lambda s: md.milliseconds(s.get("step_seconds"))),
     ("data wait (share of step time)", lambda s: md.percent(s.get("data_wait_fraction"), 1)),
     ("average epoch time (s)", lambda s: md.number(s.get("average_epoch_seconds"), 3)),
     ("validation loss", lambda s: md.number(s.get("val_loss"), 4)),
     ("validation accuracy", lambda s: md.percent(s.get("val_accuracy"), 2)),
+    ("validation perplexity", lambda s: md.number(s.get("val_perplexity"), 3)),
     ("wall time (s)", lambda s: md.number(s.get("wall_seconds"), 2)),
     ("peak memory (MB)", _peak_memory),
     ("training state, largest rank (MB)", _state_mb),
 )
 
 
-def summary_values(summary: dict[str, Any]) -> list[str]:
-    """The values of :data:`SUMMARY_ROWS` for one run's summary."""
-    return [show(summary) for _, show in SUMMARY_ROWS]
+def summary_rows(summaries: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """:data:`SUMMARY_ROWS` for these runs' summaries, one column each; rows no run has (a classifier's
+    tokens/s, MFU on a CPU) are left out."""
+    rows = [(label, *(show(summary) for summary in summaries)) for label, show in SUMMARY_ROWS]
+    return [row for row in rows if any(value != md.MISSING for value in row[1:])]
 
 
 def write_figure(fig: Figure | None, report_dir: Path, name: str, alt: str) -> str:
@@ -86,8 +92,7 @@ def run_section(run: RunSource, report_dir: Path, stem: str) -> str:
         f"## Run `{run.label}`",
         f"Directory: {md.directory_link(run.path, report_dir)}. Throughput and step time are `summary.json`'s: "
         "real samples of all ranks over the slowest rank's time, warm-up excluded.",
-        md.table(["", "value"], [(label, value) for (label, _), value in
-                                 zip(SUMMARY_ROWS, summary_values(run.summary), strict=True)]),
+        md.table(["", "value"], summary_rows([run.summary])),
     ]
     if run_notes(run):
         parts.append("\n".join(f"- note: {note}" for note in run_notes(run)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodescale.bench.scaling_results import TABLE_HEADERS, display_rows
+from nodescale.bench.scaling_results import display_table
 from nodescale.figures import scaling_figure
 from nodescale.report import markdown as md
 from nodescale.report.run_section import write_figure
@@ -15,6 +15,7 @@ def scaling_section(scaling: ScalingSource, report_dir: Path, stem: str) -> str:
     """Markdown for one bench scaling directory; writes ``STEM-scaling.png`` (regenerated from scaling.json)."""
     result = scaling.result
     settings = result.get("settings", {})
+    headers, rows = display_table(result)
     kept = "global batch fixed" if result.get("mode") == "strong" else "batch per process fixed"
     parts = [
         f"## bench scaling `{scaling.label}`",
@@ -24,7 +25,7 @@ def scaling_section(scaling: ScalingSource, report_dir: Path, stem: str) -> str:
         f"{result.get('device')}. Speedup and efficiency are relative to "
         f"world size {result.get('base_world_size')}; samples/s are all processes together, warm-up excluded.",
         # `*` marks oversubscribed rows; escaped so markdown does not read it as emphasis.
-        md.table(TABLE_HEADERS, [[c.replace("*", "\\*") for c in row] for row in display_rows(result)]),
+        md.table(headers, [[c.replace("*", "\\*") for c in row] for row in rows]),
     ]
     if any(row.get("oversubscribed") for row in result["rows"]):
         parts.append("\\* more processes than the machine's GPUs or cores.")
