@@ -450,3 +450,20 @@ def test_a_failing_logger_is_dropped_and_the_others_go_on(tmp_path: Path) -> Non
     assert [line.split(",")[1:3] for line in (tmp_path / "metrics.csv").read_text().splitlines()[1:]] == [
         ["step", "1"], ["step", "2"]]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_resumed_metrics_csv_keeps_the_header_it_was_begun_with(tmp_path: Path) -> None:
+    """A run begun by another version (other columns) gets rows under its own header, lined up."""
+    import csv
+
+    from nodescale.observe.csv_sink import CsvSink
+
+    path = tmp_path / "metrics.csv"
+    path.write_text("time,kind,step,loss\n1.0,step,10,2.5\n")
+    sink = CsvSink(path)
+    sink.start({}, resumed=True)
+    sink.write({"time": 2.0, "kind": "step", "step": 20, "loss": 2.25, "tokens_per_second": 99.0})
+    sink.finish(None, "finished")
+    rows = list(csv.DictReader(path.open()))
+    assert list(rows[1]) == ["time", "kind", "step", "loss"]
+    assert rows[1] == {"time": "2.0", "kind": "step", "step": "20", "loss": "2.25"}
