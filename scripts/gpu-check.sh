@@ -24,7 +24,8 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
     | tee -a "$out/gpu.txt"
 status=0
 if [[ "$what" == tests || "$what" == all ]]; then
-    python3 -m pytest tests/gpu -v -p no:cacheprovider --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log"
+    # One process: the GPU image need not have pytest-xdist (pyproject.toml asks for -n 2).
+    python3 -m pytest tests/gpu -v -p no:cacheprovider -o addopts="-ra --strict-markers" --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log"
     status=${PIPESTATUS[0]}
 fi
 if [[ "$what" == bench || "$what" == all ]]; then

@@ -17,9 +17,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The scheduler fixtures (one Slurm cluster for the whole session, pbs_run) are registered
-# once here; test modules that imported them each started a cluster of their own.
-pytest_plugins = ["scheduler_fixtures"]
+# The scheduler fixtures (one Slurm cluster per xdist worker, pbs_run) are registered once here; test
+# modules that imported them each started a cluster of their own. worker_groups keeps the files that
+# share a session run or the cluster on one worker.
+pytest_plugins = ["scheduler_fixtures", "worker_groups"]
 
 
 def cli_env() -> dict[str, str]:

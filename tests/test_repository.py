@@ -86,3 +86,19 @@ def test_no_block_of_six_similar_lines_is_repeated_in_src() -> None:
          "--score=n", f"--ignored-modules={','.join(sorted(_third_party_modules()))}", str(REPO / "src" / "nodescale")],
         capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, f"repeated blocks in src/ (make one piece of code serve both):\n{result.stdout}"
+
+
+def test_files_sharing_a_session_fixture_run_on_one_xdist_worker() -> None:
+    """Else each worker makes the run (or starts the Slurm cluster) again: minutes, not a failure."""
+    from worker_groups import group_of
+
+    users: dict[str, set[str]] = {}
+    pattern = re.compile(r"\b(ddp_references|uninterrupted_two_rank_run|slurm_cluster|SlurmCluster)\b")
+    for path in (REPO / "tests").glob("test_*.py"):
+        if path.name == "test_repository.py":  # names them here
+            continue
+        for name in set(pattern.findall(path.read_text())):
+            users.setdefault(name.replace("SlurmCluster", "slurm_cluster"), set()).add(path.name)
+    assert users.keys() == {"ddp_references", "uninterrupted_two_rank_run", "slurm_cluster"}
+    for fixture, files in users.items():
+        assert {group_of(f"tests/{name}::t") for name in files} == {fixture}, (fixture, sorted(files))
