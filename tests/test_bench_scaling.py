@@ -184,7 +184,7 @@ def test_display_table_marks_unknown_mfu_and_oversubscription_and_shows_tokens_f
     assert "tokens/s" not in headers  # a classifier's table has no column of n/a
     assert rows == [["4 *", "16", "64", "1,234.6", "1.50", "4.00", "37.5", "51.84", "unknown", "unknown"]]
     headers, rows = display_table(_result([{**row, "tokens_per_second": 1234.56 * 64}]))
-    assert dict(zip(headers, rows[0]))["tokens/s"] == "79,012" and len(headers) == len(rows[0])
+    assert dict(zip(headers, rows[0], strict=True))["tokens/s"] == "79,012"
 
 
 # ---------------------------------------------------------------- CLI

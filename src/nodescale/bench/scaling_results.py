@@ -29,8 +29,8 @@ from nodescale.errors import UserError
 RUN_PREFIX = "ws-"
 CSV_COLUMNS = (
     "world_size", "devices", "batch_size_per_process", "global_batch_size", "samples_per_second",
-    "samples_per_second_per_device", "tokens_per_second", "speedup", "ideal_speedup", "efficiency", "step_ms", "timed_steps",
-    "achieved_tflops", "mfu", "oversubscribed", "run_dir",
+    "samples_per_second_per_device", "tokens_per_second", "speedup", "ideal_speedup", "efficiency", "step_ms",
+    "timed_steps", "achieved_tflops", "mfu", "oversubscribed", "run_dir",
 )
 UNITS = {
     "samples_per_second": "samples/s, all processes, warm-up excluded",
@@ -277,6 +277,7 @@ def display_table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     def number(value: float | None, spec: str, unknown: str = "n/a") -> str:
         return unknown if value is None else format(value, spec)
 
+    tokens = any(row.get("tokens_per_second") is not None for row in result["rows"])
     shown = []
     for row in result["rows"]:
         mark = " *" if row.get("oversubscribed") else ""  # * = more processes than GPUs/cores
@@ -285,7 +286,7 @@ def display_table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             str(row.get("batch_size_per_process")),
             str(row.get("global_batch_size")),
             number(row.get("samples_per_second"), ",.1f"),
-            number(row.get("tokens_per_second"), ",.0f"),
+            *([number(row.get("tokens_per_second"), ",.0f")] if tokens else []),
             number(row.get("speedup"), ".2f"),
             number(row.get("ideal_speedup"), ".2f"),
             number(None if row.get("efficiency") is None else row["efficiency"] * 100, ".1f"),
@@ -293,10 +294,4 @@ def display_table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             number(row.get("achieved_tflops"), ".3g", "unknown"),
             number(None if row.get("mfu") is None else row["mfu"] * 100, ".2f", "unknown"),
         ])
-    headers = list(TABLE_HEADERS)
-    if all(row.get("tokens_per_second") is None for row in result["rows"]):
-        tokens = headers.index("tokens/s")
-        del headers[tokens]
-        for cells in shown:
-            del cells[tokens]
-    return headers, shown
+    return [header for header in TABLE_HEADERS if tokens or header != "tokens/s"], shown
