@@ -29,9 +29,17 @@ TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAM
 
 
 def _script(tmp_path: Path, name: str, body: str) -> list[str]:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return [sys.executable, str(path)]
+    """``python -m NAME`` for a module in ``tmp_path`` (the current directory): the form the fork server runs."""
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    return [sys.executable, "-m", name]
+
+
+@pytest.fixture(params=["exec", "fork"])
+def preload(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
+    """Each worker started fresh, or forked from a fork server that imported ``preloaded`` (which notes its pid)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "preloaded.py").write_text("import os\nPID = os.getpid()\n")
+    return ("preloaded",) if request.param == "fork" else ()
 
 
 def _wait_for(path: Path, count: int = 1, timeout: float = 30) -> None:
@@ -78,17 +86,21 @@ def test_the_launcher_never_imports_torch(subcommand: str, tmp_path: Path) -> No
     assert wrote_it(out)
 
 
-def test_workers_see_torchruns_variables_and_run_in_their_own_sessions(tmp_path: Path) -> None:
-    command = _script(tmp_path, "env.py", f"""
-        import json, os
+def test_workers_see_torchruns_variables_and_run_in_their_own_sessions(tmp_path: Path,
+                                                                        preload: tuple[str, ...]) -> None:
+    command = _script(tmp_path, "env", f"""
+        import json, os, sys
         names = {TORCHRUN_VARIABLES!r}
         record = {{name: os.environ.get(name) for name in names}}
         record["own_session"] = os.getsid(0) == os.getpid()
         record["extra"] = os.environ.get("EXTRA_FOR_TEST")
+        record["pid"] = os.getpid()
+        record["preloaded_in"] = getattr(sys.modules.get("preloaded"), "PID", None)
+        record["argv"] = sys.argv[1:]
         with open(os.path.join({str(tmp_path)!r}, "rank" + os.environ["RANK"] + ".json"), "w") as f:
             json.dump(record, f)
     """)
-    result = run_worker_group(command, 3, {"EXTRA_FOR_TEST": "yes"})
+    result = run_worker_group([*command, "--an-argument"], 3, {"EXTRA_FOR_TEST": "yes"}, preload=preload)
     assert result.codes == {0: 0, 1: 0, 2: 0} and result.stopped_by is None and not result.failures
     records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(3)]
     for rank, record in enumerate(records):
@@ -97,14 +109,18 @@ def test_workers_see_torchruns_variables_and_run_in_their_own_sessions(tmp_path:
         assert (record["GROUP_RANK"], record["GROUP_WORLD_SIZE"]) == ("0", "1")
         assert record["MASTER_ADDR"] == "127.0.0.1"
         assert record["TORCHELASTIC_USE_AGENT_STORE"] == "False"
-        assert record["own_session"] and record["extra"] == "yes"
+        assert record["own_session"] and record["extra"] == "yes" and record["argv"] == ["--an-argument"]
+    # Forked: all ranks share one import of the preloaded module, made in another process.
+    preloaded_in = {r["preloaded_in"] for r in records}
+    assert preloaded_in == ({None} if not preload else preloaded_in - {r["pid"] for r in records} - {None})
+    assert len(preloaded_in) == 1
     assert len({r["MASTER_PORT"] for r in records}) == 1 and len({r["TORCHELASTIC_RUN_ID"] for r in records}) == 1
     low, _ = ports.ephemeral_range()
     assert ports.LOWEST_PORT <= int(records[0]["MASTER_PORT"]) < low
 
 
-def test_a_failed_worker_stops_the_others_with_sigterm(tmp_path: Path) -> None:
-    command = _script(tmp_path, "fail.py", f"""
+def test_a_failed_worker_stops_the_others_with_sigterm(tmp_path: Path, preload: tuple[str, ...]) -> None:
+    command = _script(tmp_path, "fail", f"""
         import os, signal, sys, time
         if os.environ["RANK"] == "0":
             time.sleep(0.5)
@@ -116,14 +132,15 @@ def test_a_failed_worker_stops_the_others_with_sigterm(tmp_path: Path) -> None:
         time.sleep(120)
     """)
     began = time.monotonic()
-    result = run_worker_group(command, 3)
+    result = run_worker_group(command, 3, preload=preload)
     assert time.monotonic() - began < 30
     assert result.codes == {0: 3, 1: 143, 2: 143}
     assert (tmp_path / "stopped1").exists() and (tmp_path / "stopped2").exists()
 
 
-def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
-    command = _script(tmp_path, "stubborn.py", """
+def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path,
+                                                                         preload: tuple[str, ...]) -> None:
+    command = _script(tmp_path, "stubborn", """
         import os, signal, sys, time
         if os.environ["RANK"] == "0":
             time.sleep(0.5)
@@ -132,15 +149,61 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path
         time.sleep(120)
     """)
     began = time.monotonic()
-    result = run_worker_group(command, 2, grace_seconds=1.0)
+    result = run_worker_group(command, 2, grace_seconds=1.0, preload=preload)
     assert 1.0 <= time.monotonic() - began < 20
     assert result.codes == {0: 1, 1: -signal.SIGKILL}
 
 
-def _launcher(tmp_path: Path, worker_body: str, nproc: int = 2) -> subprocess.Popen[str]:
-    worker = _script(tmp_path, "worker.py", worker_body)
+RANK_ENDINGS = {  # the last statement of a rank's module: the exit code ``python -m`` gives it
+    "falls off the end": ("pass", 0),
+    "sys.exit(7)": ("sys.exit(7)", 7),
+    "sys.exit(message)": ("sys.exit('a message')", 1),
+    "an exception": ("raise ValueError('boom')", 1),
+    "KeyboardInterrupt": ("raise KeyboardInterrupt", -signal.SIGINT),
+}
+
+
+@pytest.mark.parametrize("ending", list(RANK_ENDINGS))
+def test_a_worker_ends_as_python_would(ending: str, tmp_path: Path, preload: tuple[str, ...],
+                                       capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exit code, unflushed output, atexit and a traceback: the same whether the rank was forked or not."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    statement, code = RANK_ENDINGS[ending]
+    command = _script(tmp_path, "ends", f"""
+        import atexit, os, sys
+        atexit.register(lambda: open("atexit-" + os.environ["RANK"], "w").close())
+        sys.stdout.write("unflushed output")  # a file, so block-buffered: lost without python's own exit
+        {statement}
+    """)
+    result = run_worker_group(command, 1, preload=preload)
+    out, err = capfd.readouterr()
+    assert result.codes == {0: code}, err
+    assert (tmp_path / "atexit-0").exists() and "unflushed output" in out
+    assert ("ValueError: boom" in err) == (ending == "an exception")
+    assert ("a message" in err) == (ending == "sys.exit(message)")
+
+
+def test_ranks_forked_after_nodescales_imports_can_use_several_threads(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """GNU OpenMP hangs in a forked child whose parent ran a parallel region: the preloaded imports must run none."""
+    monkeypatch.chdir(tmp_path)
+    launcher = _launcher(tmp_path, """
+        import torch
+        torch.set_num_threads(2)
+        assert float((torch.ones(8_000_000) * 2).sum()) == 16e6  # large enough to run in parallel
+    """, ("nodescale.train.run", "torch._dynamo", "deepspeed", "transformers"))
+    try:
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 0, stderr[-3000:]
+
+
+def _launcher(tmp_path: Path, worker_body: str, preload: tuple[str, ...], nproc: int = 2) -> subprocess.Popen[str]:
+    worker = _script(tmp_path, "worker", worker_body)
     code = ("import sys; from nodescale.launch.schedulers.local_launcher import launch_local; "
-            f"sys.exit(launch_local({worker!r}, {nproc}))")
+            f"sys.exit(launch_local({worker!r}, {nproc}, preload={preload!r}))")
     return subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -159,8 +222,8 @@ WAITING_WORKER = """
 """
 
 
-def test_signals_to_the_launcher_reach_every_worker(tmp_path: Path) -> None:
-    launcher = _launcher(tmp_path, WAITING_WORKER.format(here=str(tmp_path)))
+def test_signals_to_the_launcher_reach_every_worker(tmp_path: Path, preload: tuple[str, ...]) -> None:
+    launcher = _launcher(tmp_path, WAITING_WORKER.format(here=str(tmp_path)), preload)
     try:
         _wait_for(tmp_path / "pid-*", count=2)
         launcher.send_signal(signal.SIGUSR1)  # a scheduler's warning: passed on as it is
@@ -175,8 +238,8 @@ def test_signals_to_the_launcher_reach_every_worker(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("got-SIGTERM-*"))) == 2
 
 
-def test_workers_do_not_outlive_a_killed_launcher(tmp_path: Path) -> None:
-    launcher = _launcher(tmp_path, WAITING_WORKER.format(here=str(tmp_path)))
+def test_workers_do_not_outlive_a_killed_launcher(tmp_path: Path, preload: tuple[str, ...]) -> None:
+    launcher = _launcher(tmp_path, WAITING_WORKER.format(here=str(tmp_path)), preload)
     _wait_for(tmp_path / "pid-*", count=2)
     pids = [int(path.name.split("-")[1]) for path in tmp_path.glob("pid-*")]
     launcher.kill()  # SIGKILL: the launcher can pass nothing on

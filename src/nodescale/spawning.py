@@ -39,7 +39,7 @@ from nodescale.distributed.env import LOOPBACK
 from nodescale.distributed.ports import free_port
 from nodescale.errors import UserError
 from nodescale.launch.schedulers.local_launcher import describe_failure
-from nodescale.launch.schedulers.local_worker_group import _die_with_parent, worker_environment
+from nodescale.launch.schedulers.local_worker_group import die_with_parent, worker_environment
 
 # How long ranks told to stop (after another failed) get before SIGKILL: they only need to exit,
 # not to checkpoint, and the user is waiting in front of the cell.
@@ -128,7 +128,7 @@ def _run_rank(fn: Callable[..., Any], args: tuple[Any, ...], init_options: dict[
               env: dict[str, str], rank: int, writer: Connection) -> None:
     """In the forked child: become rank ``rank``, run ``fn`` and send back one message."""
     os.setsid()  # a session of its own: the parent ends it and its DataLoader workers together
-    _die_with_parent()  # a kernel restarted or killed takes its ranks with it
+    die_with_parent()  # a kernel restarted or killed takes its ranks with it
     signal.signal(signal.SIGINT, signal.default_int_handler)  # not the kernel's handlers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.clear()

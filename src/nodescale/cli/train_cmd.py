@@ -117,13 +117,23 @@ def _run_here(cfg: RunConfig) -> int:
         write_text_atomic(config_path, dump_yaml(cfg))
         sys.stdout.flush()
         code = launch_local([sys.executable, "-u", "-m", "nodescale.train.worker", str(config_path)], nproc,
-                            max_restarts=restarts)
+                            max_restarts=restarts, preload=_preload(cfg))
     if code == 1:
         # A failure that was not the user's: the checkpoints so far are still good.
         tried = f"after {restarts} restart{'s' if restarts != 1 else ''}" if restarts else "with --max-restarts 0"
         print(f"nodescale: training stopped {tried}; continue with `nodescale train --out {cfg.out} --resume` "
               "(and the same settings), or pass --max-restarts N to restart automatically", file=sys.stderr)
     return code
+
+
+def _preload(cfg: RunConfig) -> tuple[str, ...]:
+    """What every worker imports before its first step: imported once, and the workers forked from it."""
+    modules = ("nodescale.train.run", "torch._dynamo")  # torch._dynamo: imported by the first optimizer
+    if cfg.strategy.name == "deepspeed":
+        modules += ("deepspeed",)
+    if cfg.model.name.startswith("hf:"):
+        modules += ("transformers",)
+    return modules
 
 
 def _check_deepspeed_config(cfg: RunConfig, world_size: int) -> None:

@@ -77,15 +77,17 @@ def threads_per_process(nproc: int, cpus: int | None = None) -> int:
     return max(1, cpus // max(1, nproc))
 
 
-def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, store_process: bool = False) -> int:
+def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, store_process: bool = False,
+                 preload: Sequence[str] = ()) -> int:
     """Run ``command`` in ``nproc`` local processes, torchrun-style; return the job's exit code.
 
     When a worker fails for any reason but a user error, every worker is
     stopped and all are started again, up to ``max_restarts`` times. Exit code
     2 when every failed worker exited 2 (they printed the user error
     themselves), 1 for any other failure, 0 on success, 128 + N when signal N
-    stopped the launcher. ``store_process``: see
-    :func:`~nodescale.launch.schedulers.local_worker_group.run_worker_group` (for commands that are not nodescale's).
+    stopped the launcher. ``store_process`` (for commands that are not nodescale's) and ``preload``
+    (modules a ``python -m`` command's ranks are forked after): see
+    :func:`~nodescale.launch.schedulers.local_worker_group.run_worker_group`.
     """
     from nodescale.launch.schedulers.local_worker_group import run_worker_group
 
@@ -94,7 +96,7 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
     with tempfile.TemporaryDirectory(prefix="nodescale-errors-") as error_dir:
         for attempt in range(max_restarts + 1):
             result = run_worker_group(command, nproc, {ERROR_DIR_VARIABLE: error_dir, **restart},
-                                      store_process=store_process)
+                                      store_process=store_process, preload=preload)
             if result.stopped_by is not None:
                 # SIGTERM/SIGINT to this launcher: passed on to the workers, whose stop handlers
                 # checkpoint within the grace period, and they were stopped.
@@ -173,7 +175,7 @@ def run_cli_locally(argv: Sequence[str], nproc: int) -> int:
     rank's part instead of launching again.
     """
     sys.stdout.flush()
-    return launch_local([sys.executable, "-u", "-m", "nodescale", *argv], nproc)
+    return launch_local([sys.executable, "-u", "-m", "nodescale", *argv], nproc, preload=("torch.distributed",))
 
 
 def command_line(nproc: int, command: Sequence[str]) -> list[str]:

@@ -31,11 +31,17 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from nodescale.distributed.env import LOOPBACK
 from nodescale.distributed.ports import free_port, listening_socket
 from nodescale.errors import program_not_found
 from nodescale.launch.schedulers import local_store_server
+
+if TYPE_CHECKING:
+    from nodescale.launch.schedulers.local_fork_server import ForkedWorker
+
+    Worker = subprocess.Popen[bytes] | ForkedWorker
 
 # How long a worker told to stop may take (to write its checkpoint) before it is killed: torch's agent's figure.
 STOP_GRACE_SECONDS = 30.0
@@ -88,21 +94,30 @@ class _Stop(Exception):
 
 
 def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str, str] | None = None,
-                     grace_seconds: float = STOP_GRACE_SECONDS, store_process: bool = False) -> GroupResult:
+                     grace_seconds: float = STOP_GRACE_SECONDS, store_process: bool = False,
+                     preload: Sequence[str] = ()) -> GroupResult:
     """Run ``command`` as ranks 0..nproc-1 on this host; return when all have exited.
 
     Ends early when a worker fails (the others are stopped) or the launcher is told to stop.
     ``store_process``: serve the c10d store from a process of its own on 127.0.0.1, for
     commands whose rank 0 would serve it on every interface (any script's ``env://``); by
     default rank 0 serves it (nodescale's own workers bind it to 127.0.0.1 themselves).
+    ``preload``: modules to import once and fork the ranks from, where ``command`` is a
+    ``python -m MODULE`` (see :mod:`~nodescale.launch.schedulers.local_fork_server`).
     """
+    from nodescale.launch.schedulers.local_fork_server import ForkServer, as_python_module
+
     run_id = uuid.uuid4().hex
-    workers: dict[int, subprocess.Popen[bytes]] = {}
+    workers: dict[int, Worker] = {}
     server: subprocess.Popen[bytes] | None = None
+    forks: ForkServer | None = None
     if store_process:
         server, port = _start_store_server(nproc)
     else:
         port = free_port(LOOPBACK)
+    base = {**os.environ, **(extra_env or {})}
+    envs = [worker_environment(base, rank, nproc, port, run_id, {}, store_process) for rank in range(nproc)]
+    module = as_python_module(command) if preload else None
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise _Stop(signum)
@@ -110,13 +125,21 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
     def forward(signum: int, frame: FrameType | None) -> None:
         _signal_all(workers, signum)
 
+    def all_forked() -> None:  # ranks become workers once they have a pid to signal
+        if forks is not None:
+            forks.wait_until_started()
+            workers.update(forks.workers)
+
     previous = _install({**{s: stop for s in STOPPING_SIGNALS}, **{s: forward for s in FORWARDED_SIGNALS}})
     try:
-        for rank in range(nproc):
-            env = worker_environment(os.environ, rank, nproc, port, run_id, extra_env or {}, store_process)
+        if module is not None:
+            rank_envs = [{name: value for name, value in env.items() if base.get(name) != value} for env in envs]
+            forks = ForkServer(module, rank_envs, base, preload)
+            all_forked()
+        for rank, env in enumerate(envs if module is None else []):
             try:
                 workers[rank] = subprocess.Popen(list(command), env=env, start_new_session=True,
-                                                 preexec_fn=_die_with_parent)
+                                                 preexec_fn=die_with_parent)
             except FileNotFoundError:
                 raise program_not_found(command[0]) from None  # the workers started so far are stopped below
         codes = _wait_for_all_or_a_failure(workers)
@@ -125,14 +148,17 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
     except _Stop as request:
         # A second stop signal while the workers finish must not interrupt the wait for them.
         _install({s: signal.SIG_IGN for s in STOPPING_SIGNALS})
+        all_forked()  # a stop during the fork server's imports reaches the ranks once they exist
         codes = {rank: worker.returncode for rank, worker in workers.items() if worker.returncode is not None}
         stopped = _stop_workers(workers, signal.Signals(request.signum), grace_seconds)
         return GroupResult({**codes, **stopped}, signal.Signals(request.signum), frozenset(stopped))
     finally:
         _install(previous)
+        all_forked()
         _stop_workers(workers, signal.SIGKILL, 0.0)  # none should be left; if one is, it must not outlive us
-        if server is not None:
-            _stop_workers({-1: server}, signal.SIGTERM, 10.0)
+        for helper in (server, forks.process if forks is not None else None):
+            if helper is not None:
+                _stop_workers({-1: helper}, signal.SIGTERM, 10.0)
 
 
 def _start_store_server(nproc: int) -> tuple[subprocess.Popen[bytes], int]:
@@ -140,11 +166,11 @@ def _start_store_server(nproc: int) -> tuple[subprocess.Popen[bytes], int]:
     with listening_socket(LOOPBACK, 0) as listener:
         fd = listener.fileno()
         server = subprocess.Popen([sys.executable, "-m", local_store_server.__name__, str(fd), str(nproc)],
-                                  pass_fds=(fd,), start_new_session=True, preexec_fn=_die_with_parent)
+                                  pass_fds=(fd,), start_new_session=True, preexec_fn=die_with_parent)
         return server, int(listener.getsockname()[1])
 
 
-def _wait_for_all_or_a_failure(workers: dict[int, subprocess.Popen[bytes]],
+def _wait_for_all_or_a_failure(workers: Mapping[int, Worker],
                                poll_seconds: float = 0.05) -> dict[int, int]:
     """Exit codes of the workers that ended before all exited 0 or the first exited otherwise.
 
@@ -165,7 +191,7 @@ def _wait_for_all_or_a_failure(workers: dict[int, subprocess.Popen[bytes]],
     return codes
 
 
-def _stop_workers(workers: dict[int, subprocess.Popen[bytes]], sig: signal.Signals,
+def _stop_workers(workers: Mapping[int, Worker], sig: signal.Signals,
                   grace_seconds: float) -> dict[int, int]:
     """Send ``sig`` to every running worker's session, wait up to ``grace_seconds``, then kill the rest."""
     running = {rank: worker for rank, worker in workers.items() if worker.poll() is None}
@@ -182,10 +208,10 @@ def _stop_workers(workers: dict[int, subprocess.Popen[bytes]], sig: signal.Signa
     return {rank: int(worker.returncode) for rank, worker in running.items()}
 
 
-def _signal_all(workers: Mapping[int, subprocess.Popen[bytes]], sig: int, whole_session: bool = False) -> None:
+def _signal_all(workers: Mapping[int, Worker], sig: int, whole_session: bool = False) -> None:
     """``sig`` to each worker still running (and to its own children, with ``whole_session``)."""
     for worker in workers.values():
-        if worker.returncode is not None:
+        if worker.returncode is not None or worker.pid is None:  # ended, or a fork never made
             continue
         with suppress(ProcessLookupError, PermissionError):
             if whole_session:
@@ -199,7 +225,7 @@ def _install(handlers: Mapping[int, Callable[..., object] | int]) -> dict[int, o
     return {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}  # type: ignore[arg-type]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: ask Linux for SIGTERM when the launcher dies (a no-op elsewhere)."""
     if sys.platform.startswith("linux"):
         with suppress(OSError, AttributeError):
