@@ -29,14 +29,20 @@ def descendants(pid: int) -> list[int]:
 
 
 def worker_of_rank(parent: int, rank: int) -> int | None:
-    """The pid of the training worker of ``rank`` among ``parent``'s descendants."""
+    """The pid of the training worker of ``rank`` among ``parent``'s descendants.
+
+    A rank forked by the local launcher's fork server is named ``nodescale-rN``; one started
+    afresh (torchrun, srun) has the worker module on its command line and RANK in its environment.
+    """
     for pid in descendants(parent):
         try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"nodescale.train.worker" in cmdline and f"RANK={rank}".encode() in environ:
+        if name == f"nodescale-r{rank}" or (b"nodescale.train.worker" in cmdline
+                                            and f"RANK={rank}".encode() in environ):
             return pid
     return None
 

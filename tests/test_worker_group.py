@@ -97,6 +97,7 @@ def test_workers_see_torchruns_variables_and_run_in_their_own_sessions(tmp_path:
         record["pid"] = os.getpid()
         record["preloaded_in"] = getattr(sys.modules.get("preloaded"), "PID", None)
         record["argv"] = sys.argv[1:]
+        record["name"] = open("/proc/self/comm").read().strip()
         with open(os.path.join({str(tmp_path)!r}, "rank" + os.environ["RANK"] + ".json"), "w") as f:
             json.dump(record, f)
     """)
@@ -114,6 +115,7 @@ def test_workers_see_torchruns_variables_and_run_in_their_own_sessions(tmp_path:
     preloaded_in = {r["preloaded_in"] for r in records}
     assert preloaded_in == ({None} if not preload else preloaded_in - {r["pid"] for r in records} - {None})
     assert len(preloaded_in) == 1
+    assert [r["name"] == f"nodescale-r{rank}" for rank, r in enumerate(records)] == [bool(preload)] * 3
     assert len({r["MASTER_PORT"] for r in records}) == 1 and len({r["TORCHELASTIC_RUN_ID"] for r in records}) == 1
     low, _ = ports.ephemeral_range()
     assert ports.LOWEST_PORT <= int(records[0]["MASTER_PORT"]) < low

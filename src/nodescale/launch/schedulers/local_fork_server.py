@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from typing import NamedTuple, NoReturn
 
-from nodescale.launch.schedulers.local_worker_group import die_with_parent
+from nodescale.launch.schedulers.local_worker_group import die_with_parent, name_process
 
 
 class PythonModule(NamedTuple):
@@ -131,6 +131,7 @@ class ForkedWorker:
 def serve(spec: Mapping[str, object]) -> int:
     """The fork server: import, fork each rank, report; in a rank, run its module and return its exit code."""
     status = os.fdopen(int(spec["status_fd"]), "w", buffering=1)  # type: ignore[call-overload]
+    name_process("nodescale-fork")
     for name in spec["preload"]:  # type: ignore[attr-defined]
         importlib.import_module(name)
     gc.freeze()  # the imports' objects are never collected in a rank, so their pages stay shared
@@ -159,6 +160,8 @@ def _become_rank(rank_env: Mapping[str, str], spec: Mapping[str, object], server
     if os.getppid() != server:  # the server died before the line above: no signal will come
         return 1
     os.environ.update(rank_env)
+    # /proc/PID/environ keeps the server's variables, without RANK: the name tells the ranks apart.
+    name_process(f"nodescale-r{os.environ.get('RANK', '')}")
     module, args = str(spec["module"]), list(spec["args"])  # type: ignore[call-overload]
     if _in_bad_fork():
         os.execv(sys.executable, [sys.executable, *spec["flags"], "-m", module, *args])  # type: ignore[misc]

@@ -230,3 +230,10 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         with suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+
+
+def name_process(name: str) -> None:
+    """The name ``top``, ``ps -o comm`` and ``/proc/PID/comm`` show (15 bytes; Linux only)."""
+    if sys.platform.startswith("linux"):
+        with suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15])  # 15 = PR_SET_NAME
