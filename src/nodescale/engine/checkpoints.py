@@ -21,7 +21,7 @@ from torch import nn
 from nodescale.config.schema import RunConfig
 from nodescale.data.epoch_loader import EpochLoader
 from nodescale.distributed.process_group import Runtime, barrier, gather_from_all
-from nodescale.engine import checkpoint_files
+from nodescale.engine import checkpoint_files, disk_space
 from nodescale.errors import UserError
 from nodescale.strategies.base import Strategy, Updater
 
@@ -59,7 +59,22 @@ def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, pre
     """Every rank: write checkpoint ``step`` of ``items`` (a collective); returns its path.
 
     ``library``: the settings record the script's model and optimiser classes (``nodescale
-    train``'s name its built-in or plugin model and dataset already)."""
+    train``'s name its built-in or plugin model and dataset already). A save that runs out of
+    disk space or quota is a :class:`UserError` naming the newest whole checkpoint.
+    """
+    if runtime.is_main:
+        disk_space.warn_if_short(run_dir, step)
+    try:
+        return _write(items, step, runtime, cfg, prepared, run_dir, library)
+    except Exception as error:
+        ran_out = disk_space.out_of_space(error)
+        if ran_out is None:
+            raise
+        raise disk_space.full_error(run_dir, step, ran_out) from error
+
+
+def _write(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, prepared: Prepared | None,
+           run_dir: Path, library: bool) -> Path:
     model_key, optimizer_key, stateful, values = _split(items, prepared)
     _check_named(model_key, optimizer_key, prepared, "ctx.save_checkpoint")
     loader = next((v for v in stateful.values() if isinstance(v, EpochLoader)), None)
@@ -82,7 +97,9 @@ def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, pre
         "config": config,
     }
     keep = cfg.checkpoint.keep_last
-    if prepared is not None and checkpoint_files.is_sharded_format(cfg.checkpoint.format, prepared.strategy.shards_state):
+    sharded = prepared is not None and checkpoint_files.is_sharded_format(cfg.checkpoint.format,
+                                                                          prepared.strategy.shards_state)
+    if prepared is not None and sharded:
         state["layout"] = prepared.strategy.sharded_layout
         return checkpoint_files.write_sharded(
             run_dir, step, runtime.is_main, lambda: barrier(runtime),

@@ -107,10 +107,11 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
             if not codes:
                 return 0
             _print_user_errors(Path(error_dir))
-            # When one rank stops on a user error the others are stopped (negative exit codes:
-            # killed by a signal); that is still the user's error, and restarting would meet it again.
+            # When one rank stops on a user error (a full disk, say) the others lose their peer
+            # (exit code 1) or are stopped (negative: killed by a signal); that is still the
+            # user's error, and restarting would meet it again.
             if EXIT_USER_ERROR in codes.values() and all(
-                code == EXIT_USER_ERROR or code < 0 for code in codes.values()
+                code in (EXIT_USER_ERROR, 1) or code < 0 for code in codes.values()
             ):
                 return EXIT_USER_ERROR
             reason = describe_failure(codes, result.stopped)

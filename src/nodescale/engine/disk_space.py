@@ -1,0 +1,87 @@
+"""Room for checkpoints: a warning before a save that may not fit, and a plain error when one did not.
+
+A full disk or an exhausted quota (common on a cluster's home and project file systems)
+otherwise surfaces as torch's ``unexpected pos`` deep in a traceback, and a restart cannot
+fix it. Saves are atomic (a temporary name, then a rename), so the newest whole checkpoint
+is intact whatever happened to the next one: the error says which step that is.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import warnings
+from pathlib import Path
+
+from nodescale.engine import checkpoint_files
+from nodescale.errors import UserError
+
+OUT_OF_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on ``directory``'s file system (None if unknown)."""
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def size_bytes(path: Path) -> int:
+    """A checkpoint's size: its file, or every file of its directory."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def warn_if_short(run_dir: Path, step: int) -> None:
+    """Before saving ``step``: warn when the newest checkpoint would not fit in the space left.
+
+    The new checkpoint is written beside the old ones before they are pruned, so it needs
+    its whole size free.
+    """
+    existing = checkpoint_files.list_checkpoints(run_dir)
+    directory = checkpoint_files.checkpoint_dir(run_dir)
+    free = free_bytes(directory) if existing else None
+    if free is None:
+        return
+    needed = size_bytes(existing[-1][1])
+    if free < needed:
+        warnings.warn(f"checkpoint step {step} needs about {_mb(needed)} in {directory}, and {_mb(free)} is free: "
+                      f"the save will likely fail (step {existing[-1][0]} stays whole)", stacklevel=2)
+
+
+def out_of_space(error: BaseException) -> str | None:
+    """What ran out (``no space left on device``, ``disk quota exceeded``) anywhere in ``error``'s chain, else None.
+
+    torch reports a failed write as a RuntimeError (``unexpected pos``) raised while handling
+    the OSError, so the chain is followed through ``__cause__`` and ``__context__``.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in OUT_OF_SPACE:
+            return OUT_OF_SPACE[current.errno]
+        pending += [current.__cause__, current.__context__]
+    return None
+
+
+def full_error(run_dir: Path, step: int, what_ran_out: str) -> UserError:
+    """The error for a save of ``step`` that ran out of room, naming the step that is still whole."""
+    directory = checkpoint_files.checkpoint_dir(run_dir)
+    whole = [found for found, _ in checkpoint_files.list_checkpoints(run_dir) if found != step]
+    free = free_bytes(directory)
+    rule = what_ran_out + (f" ({_mb(free)} free)" if free is not None else "")
+    kept = (f"step {whole[-1]} is whole: make room, then run again with --resume" if whole
+            else "no checkpoint was saved yet")
+    return UserError(f"checkpoint step {step} in {directory}", rule,
+                     f"{kept}; --keep-last 1 keeps fewer, --out puts the run on a larger file system")
+
+
+def _mb(count: int) -> str:
+    return f"{count / 1e6:.1f} MB"
