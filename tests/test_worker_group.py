@@ -330,3 +330,26 @@ def test_a_missing_program_is_a_user_error(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "'no-such-program-here': is not a program on PATH" in result.stderr and "hint:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_user_error_on_one_rank_is_not_restarted_when_the_others_lost_their_peer(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 stops on a user error (a full disk, say) and rank 1 exits 1 having lost it: exit 2, no restart."""
+    from nodescale.launch.schedulers.local_launcher import launch_local
+
+    monkeypatch.chdir(tmp_path)
+    command = _script(tmp_path, "user_error", """
+        import os, sys, time
+        from nodescale.launch.schedulers.local_launcher import hand_over_user_error
+        open("started-" + os.environ["RANK"] + "-" + os.environ.get("NODESCALE_RESTART_COUNT", "0"), "w").close()
+        if os.environ["RANK"] == "0":
+            hand_over_user_error("checkpoint step 30: no space left on device")
+            time.sleep(1)  # still leaving when the launcher stops it: it ends by SIGTERM, not with 2
+            sys.exit(2)
+        while not os.listdir(os.environ["NODESCALE_ERROR_DIR"]):
+            time.sleep(0.01)
+        sys.exit(1)  # "lost its connection to another rank", before rank 0 has exited
+    """)
+    assert launch_local(command, 2, max_restarts=2) == 2
+    assert sorted(path.name for path in tmp_path.glob("started-*")) == ["started-0-0", "started-1-0"]
+    assert "nodescale: error (rank 0): checkpoint step 30: no space left on device" in capfd.readouterr().err

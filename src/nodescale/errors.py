@@ -35,6 +35,12 @@ class UserError(Exception):
         return text
 
 
+def one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     line: str | None = None) -> str:
+    """``warnings.formatwarning`` for nodescale's processes: users need the message, not nodescale's source line."""
+    return f"nodescale: warning: {message}\n"
+
+
 def did_you_mean(value: str, choices: Iterable[str]) -> str | None:
     """The closest of ``choices`` to ``value``, if any is close enough to suggest."""
     matches = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.6)

@@ -21,7 +21,7 @@ from nodescale.cli import (
     report_cmd,
     train_cmd,
 )
-from nodescale.errors import EXIT_USER_ERROR, UserError
+from nodescale.errors import EXIT_USER_ERROR, UserError, one_line_warning
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,14 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                      line: str | None = None) -> str:
-    # Users need the message, not the source line of nodescale that raised it.
-    return f"nodescale: warning: {message}\n"
-
-
 def main(argv: list[str] | None = None) -> int:
-    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
+    warnings.formatwarning = one_line_warning  # type: ignore[assignment]
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)

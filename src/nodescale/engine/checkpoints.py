@@ -11,6 +11,7 @@ newest whole checkpoint are ``nodescale.engine.checkpoint_files``'s, as for ``no
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,10 +67,12 @@ def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, pre
         disk_space.warn_if_short(run_dir, step)
     try:
         return _write(items, step, runtime, cfg, prepared, run_dir, library)
-    except Exception as error:
+    except BaseException as error:  # DCP's CheckpointException is a BaseException
         ran_out = disk_space.out_of_space(error)
         if ran_out is None:
             raise
+        if runtime.is_main:  # the shards written so far: never loadable, and the space is needed
+            shutil.rmtree(checkpoint_files.partial_dir(run_dir, step), ignore_errors=True)
         raise disk_space.full_error(run_dir, step, ran_out) from error
 
 

@@ -53,22 +53,28 @@ def warn_if_short(run_dir: Path, step: int) -> None:
 
 
 def out_of_space(error: BaseException) -> str | None:
-    """What ran out (``no space left on device``, ``disk quota exceeded``) anywhere in ``error``'s chain, else None.
+    """What ran out anywhere in ``error``'s chain (``no space left on device``, ...), else None.
 
-    torch reports a failed write as a RuntimeError (``unexpected pos``) raised while handling
-    the OSError, so the chain is followed through ``__cause__`` and ``__context__``.
+    torch reports a failed write as a RuntimeError (``unexpected pos``: its zip writer wrote
+    less than it meant to), raised while handling the OSError, if there is one; a sharded
+    save gathers every rank's error into a CheckpointException (``failures``), without their
+    chains. So ``__cause__``, ``__context__`` and ``failures`` are all followed.
     """
     seen: set[int] = set()
-    pending: list[BaseException | None] = [error]
+    pending: list[object] = [error]
+    short_write = False
     while pending:
         current = pending.pop()
-        if current is None or id(current) in seen:
+        if isinstance(current, tuple) and current:  # DCP's (exception, stack summary)
+            current = current[0]
+        if not isinstance(current, BaseException) or id(current) in seen:
             continue
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in OUT_OF_SPACE:
             return OUT_OF_SPACE[current.errno]
-        pending += [current.__cause__, current.__context__]
-    return None
+        short_write = short_write or (isinstance(current, RuntimeError) and "unexpected pos" in str(current))
+        pending += [current.__cause__, current.__context__, *getattr(current, "failures", {}).values()]
+    return "a write came up short (a full file system, or one over its quota)" if short_write else None
 
 
 def full_error(run_dir: Path, step: int, what_ran_out: str) -> UserError:
@@ -84,4 +90,4 @@ def full_error(run_dir: Path, step: int, what_ran_out: str) -> UserError:
 
 
 def _mb(count: int) -> str:
-    return f"{count / 1e6:.1f} MB"
+    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.2f} MB"

@@ -82,4 +82,4 @@ def explain(exc: BaseException, rank: int, step: int, timeout_s: float) -> Colle
             "default); --collective-timeout raises the limit for legitimately slow steps", EXIT_HANG)
     return CollectiveFault(
         f"nodescale: {where} lost its connection to another rank during a collective ({first}); that rank "
-        "failed: its own output says why. --max-restarts N restarts the group from the newest checkpoint", 1)
+        "failed: its own output, or the launcher's last lines, say why", 1)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
-from nodescale.errors import EXIT_USER_ERROR, UserError
+from nodescale.errors import EXIT_USER_ERROR, UserError, one_line_warning
 from nodescale.launch.schedulers.local_launcher import hand_over_user_error
 
 
@@ -18,6 +19,7 @@ def main(argv: list[str]) -> int:
     from nodescale.config.load import load_config
     from nodescale.train.run import run_training_as_worker
 
+    warnings.formatwarning = one_line_warning  # type: ignore[assignment]
     try:
         run_training_as_worker(load_config(argv[0]))
     except UserError as exc:

@@ -106,13 +106,11 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
             codes = result.failures
             if not codes:
                 return 0
-            _print_user_errors(Path(error_dir))
+            user_error = _print_user_errors(Path(error_dir)) or EXIT_USER_ERROR in codes.values()
             # When one rank stops on a user error (a full disk, say) the others lose their peer
-            # (exit code 1) or are stopped (negative: killed by a signal); that is still the
-            # user's error, and restarting would meet it again.
-            if EXIT_USER_ERROR in codes.values() and all(
-                code in (EXIT_USER_ERROR, 1) or code < 0 for code in codes.values()
-            ):
+            # (exit code 1), maybe first, or are stopped (negative: killed by a signal), maybe
+            # the erring rank too; that is still the user's error, and restarting would meet it again.
+            if user_error and all(code in (EXIT_USER_ERROR, 1) or code < 0 for code in codes.values()):
                 return EXIT_USER_ERROR
             reason = describe_failure(codes, result.stopped)
             # Ranks that stopped on an agreed stop signal (preemption) were asked to stop, not
@@ -213,14 +211,15 @@ def hand_over_user_error(message: str) -> bool:
     return True
 
 
-def _print_user_errors(error_dir: Path) -> None:
-    """Each distinct user error once, with the ranks that hit it."""
+def _print_user_errors(error_dir: Path) -> bool:
+    """Each distinct user error once, with the ranks that hit it; whether there was one."""
     ranks_by_message: dict[str, list[int]] = {}
     for path in error_dir.glob("rank-*.txt"):
         ranks_by_message.setdefault(path.read_text(), []).append(int(path.stem.split("-")[1]))
     for message, ranks in ranks_by_message.items():
         who = "rank" if len(ranks) == 1 else "ranks"
         print(f"nodescale: error ({who} {', '.join(map(str, sorted(ranks)))}): {message}", file=sys.stderr)
+    return bool(ranks_by_message)
 
 
 if __name__ == "__main__":
