@@ -19,6 +19,7 @@ def _write(kind):
     import json
 
     _STATE["argv"] = sys.argv[:4]
+    _STATE["pid"] = os.getpid()  # a rank forked by nodescale's fork server inherits the server's record
     times = os.times()
     _STATE["cpu_seconds"] = times.user + times.system  # this process's own, up to now
     with open(os.path.join(_DIR, f"{kind}-{os.getpid()}.json"), "w") as handle:
