@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+import cli_zygote
+
 REPO = Path(__file__).resolve().parents[1]
 
 # The scheduler fixtures (one Slurm cluster per xdist worker, pbs_run) are registered once here; test
@@ -34,11 +36,16 @@ def cli_env() -> dict[str, str]:
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``nodescale ARGS`` in a subprocess; fails the test with its output if ``check`` and it failed."""
-    result = subprocess.run(
-        [sys.executable, "-m", "nodescale", *args], cwd=cwd, env=cli_env(), capture_output=True, text=True,
-        timeout=timeout,
-    )
+    """``nodescale ARGS`` in a process of its own; fails the test with its output if ``check`` and it failed.
+
+    The process is forked from one that imported torch already (``cli_zygote``), unless
+    ``NODESCALE_TEST_FRESH_CLI=1`` asks for a fresh interpreter each time.
+    """
+    if cli_zygote.fresh_processes():
+        result = subprocess.run([sys.executable, "-m", "nodescale", *args], cwd=cwd, env=cli_env(),
+                                capture_output=True, text=True, timeout=timeout)
+    else:
+        result = cli_zygote.run(args, cwd, cli_env(), timeout)
     if check and result.returncode != 0:
         pytest.fail(f"nodescale {' '.join(args)} exited {result.returncode}\n"
                     f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")

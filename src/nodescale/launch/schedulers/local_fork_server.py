@@ -165,9 +165,18 @@ def _become_rank(rank_env: Mapping[str, str], spec: Mapping[str, object], server
     module, args = str(spec["module"]), list(spec["args"])  # type: ignore[call-overload]
     if _in_bad_fork():
         os.execv(sys.executable, [sys.executable, *spec["flags"], "-m", module, *args])  # type: ignore[misc]
+    return _run_module(module, args)
+
+
+def run_module_and_exit(module: str, args: Sequence[str]) -> NoReturn:
+    """In a forked process: ``python -m MODULE ARGS``, then its exit as python's (see ``_exit``)."""
+    _exit(_run_module, module, list(args))
+
+
+def _run_module(module: str, args: list[str]) -> int:
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
-    return 0
+    return 0  # SystemExit and exceptions propagate to _exit, as under python -m
 
 
 def _exit(run: Callable[..., int], *args: object) -> NoReturn:
