@@ -353,3 +353,11 @@ def test_a_user_error_on_one_rank_is_not_restarted_when_the_others_lost_their_pe
     assert launch_local(command, 2, max_restarts=2) == 2
     assert sorted(path.name for path in tmp_path.glob("started-*")) == ["started-0-0", "started-1-0"]
     assert "nodescale: error (rank 0): checkpoint step 30: no space left on device" in capfd.readouterr().err
+
+
+def test_hundreds_of_ranks_fork_from_one_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """300 ranks' torchrun variables (~180 KB) exceed what one command-line argument may hold (128 KiB)."""
+    monkeypatch.chdir(tmp_path)
+    command = _script(tmp_path, "quick", "import os\nassert os.environ['WORLD_SIZE'] == '300'\n")
+    result = run_worker_group(command, 300, preload=("json",))
+    assert result.codes == dict.fromkeys(range(300), 0)

@@ -26,6 +26,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -64,10 +65,17 @@ class ForkServer:
         read_end, write_end = os.pipe()
         spec = {"flags": command.flags, "module": command.module, "args": command.args, "preload": list(preload),
                 "ranks": [dict(rank_env) for rank_env in rank_envs], "status_fd": write_end}
+        # A file, not an argument: one argument holds at most 128 KiB, some 200 ranks' variables.
+        handle, spec_path = tempfile.mkstemp(prefix="nodescale-fork-", suffix=".json")
+        with os.fdopen(handle, "w") as spec_file:
+            json.dump(spec, spec_file)
         try:
             self.process = subprocess.Popen(
-                [command.interpreter, *command.flags, "-m", __name__, json.dumps(spec)], env=dict(env),
+                [command.interpreter, *command.flags, "-m", __name__, spec_path], env=dict(env),
                 pass_fds=(write_end,), start_new_session=True, preexec_fn=die_with_parent)
+        except BaseException:
+            os.unlink(spec_path)
+            raise
         finally:
             os.close(write_end)
         self._pipe = read_end
@@ -226,4 +234,7 @@ def _in_bad_fork() -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(json.loads(sys.argv[1])))
+    with open(sys.argv[1]) as given:
+        request = json.load(given)
+    os.unlink(sys.argv[1])  # read once, by the server alone
+    sys.exit(serve(request))
