@@ -100,9 +100,8 @@ def _write(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, p
         "config": config,
     }
     keep = cfg.checkpoint.keep_last
-    sharded = prepared is not None and checkpoint_files.is_sharded_format(cfg.checkpoint.format,
-                                                                          prepared.strategy.shards_state)
-    if prepared is not None and sharded:
+    if prepared is not None and checkpoint_files.is_sharded_format(cfg.checkpoint.format,
+                                                                   prepared.strategy.shards_state):
         state["layout"] = prepared.strategy.sharded_layout
         return checkpoint_files.write_sharded(
             run_dir, step, runtime.is_main, lambda: barrier(runtime),
