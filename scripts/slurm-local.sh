@@ -8,7 +8,8 @@
 # Everything lives in BASE (config, munge key and socket, state, logs, pid files), and the
 # ports are picked free at start, so two clusters in two BASE folders do not meet, and a
 # cluster left running in BASE by an earlier run is taken down before a new one starts.
-# Each node has CPUs=$(nproc): a job asking for one task with every core per node fits.
+# Each node has CPUs=$(nproc): a job asking for one task with every core per node fits, and
+# RealMemory=2000 (MB), so that a --mem above it is refused as on a real cluster.
 # GPUS > 0 gives each node that many fake GPUs (GRES backed by /dev/null): Slurm then accepts
 # and schedules --gres=gpu:N requests; the jobs still run on the CPU.
 # Needs: slurmctld, slurmd, sbatch/squeue/sinfo/scancel, munged, python3 (Debian: slurm-wlm munge).
@@ -105,7 +106,7 @@ up() {
     fi
     for i in $(seq 1 "$n"); do
         mkdir -p "$base/spool/node$i"
-        nodes+="NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=${ports[$i]} CPUs=$(nproc)$gres State=UNKNOWN"$'\n'
+        nodes+="NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=${ports[$i]} CPUs=$(nproc) RealMemory=2000$gres State=UNKNOWN"$'\n'
     done
     cat >"$base/slurm.conf" <<EOF
 # Written by scripts/slurm-local.sh: $n fake nodes on this host.

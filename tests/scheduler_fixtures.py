@@ -2,7 +2,7 @@
 the way PBS Pro runs them.
 
 ``slurm_cluster`` (session-scoped) starts ``scripts/slurm-local.sh``'s cluster (munge,
-slurmctld, two slurmd "nodes" with one fake GPU each) in a temporary folder and takes it down
+slurmctld, three slurmd "nodes" with one fake GPU each) in a temporary folder and takes it down
 at the end, also when a test failed. ``pbs_run`` executes a rendered PBS script as PBS Pro
 would: a node file, the ``PBS_*`` variables, the home directory as working directory, and the
 real MPICH or Open MPI ``mpiexec`` starting one daemon per node.
@@ -153,7 +153,7 @@ def _short_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """Slurm on this machine: partition ``debug``, nodes node1 and node2 (NodeAddr 127.0.0.1),
+    """Slurm on this machine: partition ``debug``, nodes node1 to node3 (NodeAddr 127.0.0.1, RealMemory 2000 MB),
     each with every core of this machine and one fake GPU (GRES), no accounting.
 
     Yields a :class:`SlurmCluster`; its ``env`` (SLURM_CONF, PATH) is what sbatch and the other
@@ -162,14 +162,14 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     """
     require(SLURM_COMMANDS, "the Slurm tests")
     base = _short_base(tmp_path_factory)
-    started = _slurm_local("up", str(base), "2", "1")
+    started = _slurm_local("up", str(base), "3", "1")
     try:
         if started.returncode != 0:
             pytest.fail(f"scripts/slurm-local.sh up failed ({started.returncode}):\n{started.stdout}\n"
                         f"{started.stderr}", pytrace=False)
         conf = base / "slurm.conf"
         env = {"SLURM_CONF": str(conf), "PATH": search_path()}
-        cluster = SlurmCluster(base=base, conf=conf, nodes=2, cpus_per_node=0, gpus_per_node=1, env=env)
+        cluster = SlurmCluster(base=base, conf=conf, nodes=3, cpus_per_node=0, gpus_per_node=1, env=env)
         cpus = cluster.command("sinfo", "-h", "-o", "%c").stdout.split()
         cluster.cpus_per_node = int(cpus[0])
         yield cluster
