@@ -11,8 +11,8 @@ import pytest
 from nodescale.errors import UserError
 from nodescale.launch.checks import check_job, walltime_seconds
 from nodescale.launch.envcheck import FAMILIES, EnvWarning, check_env
-from nodescale.launch.presets import builtin_presets, list_presets, load_preset
 from nodescale.launch.job_options import Software
+from nodescale.launch.presets import builtin_presets, list_presets, load_preset
 from nodescale.launch.spec import Container, JobSpec, Preset
 
 BUILTINS = ["derecho", "generic-pbs", "generic-slurm", "hipergator", "lumi", "mahti", "puhti"]

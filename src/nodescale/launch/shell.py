@@ -156,6 +156,15 @@ def setup_block(modules: Sequence[str], setup: Sequence[str], activate: Sequence
     return lines
 
 
+def software_block(spec: JobSpec, preset: Preset) -> list[str]:
+    """The preset's modules and setup, the command line's added, and the submitting environment's activation."""
+    added = spec.software
+    whose = "The preset's and the command line's" if added.modules or added.setup else "The preset's"
+    modules = list(dict.fromkeys([*preset.modules, *added.modules]))  # one the preset loads is loaded once
+    activate = activate_lines(added.python_env, preset.container is not None)
+    return setup_block(modules, [*preset.setup, *added.setup], activate, whose)
+
+
 def activate_lines(python_env: PythonEnv | None, container: bool) -> list[str]:
     """Lines that activate the submitting venv or conda environment (nothing in a container, which has its own)."""
     if python_env is None:
@@ -249,10 +258,7 @@ def prologue_lines(spec: JobSpec, preset: Preset, cd_comment: Sequence[str]) -> 
         ["set -euo pipefail"],
         [*cd_comment, f"cd {quote(str(spec.workdir))}"],
         unset_block(),
-        setup_block([*preset.modules, *spec.software.modules], [*preset.setup, *spec.software.setup],
-                    activate_lines(spec.software.python_env, preset.container is not None),
-                    "The preset's and the command line's" if spec.software.modules or spec.software.setup
-                    else "The preset's"),
+        software_block(spec, preset),
         env_block(preset.env, spec.env),
     ]
     return paragraphs(blocks)
