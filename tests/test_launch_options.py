@@ -38,9 +38,10 @@ SOFTWARE = Software(modules=["cuda/12.2", "nccl aws"], setup=["export TMPDIR=/sc
                     container="/images/torch 2.6.sif", container_binds=["/scratch", "/data:/mnt/data"])
 
 
-def spec_with(preset: str, mode: str, options: SchedulerOptions = SchedulerOptions(),
-              software: Software = Software(), **update: Any):
-    return golden_spec(PRESETS[preset], mode).model_copy(update={"options": options, "software": software, **update})
+def spec_with(preset: str, mode: str, options: SchedulerOptions | None = None, software: Software | None = None,
+              **update: Any):
+    return golden_spec(PRESETS[preset], mode).model_copy(
+        update={"options": options or SchedulerOptions(), "software": software or Software(), **update})
 
 
 VENV = PythonEnv(kind="venv", prefix="/home/user/venvs/torch")
