@@ -339,7 +339,6 @@ def test_pbs_train_on_two_nodes(cluster: str, flavour: str, tmp_path: Path, pbs_
 MODULE_FUNCTION = '() { echo "module $*"; PATH="$DECOY_BIN:$PATH"; }'
 
 
-@pytest.mark.slow
 def test_slurm_job_with_scheduler_options_in_the_submitting_venv(slurm: SlurmCluster, tmp_path: Path) -> None:
     """--mem, --exclude and --cpus-per-task reach Slurm (scontrol); the venv nodescale ran from is active in
     the job although a module load put another python first; a --mem no node has is refused (exit 2)."""
