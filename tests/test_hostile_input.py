@@ -212,13 +212,20 @@ def test_cli_train_refuses_before_starting(flags: list[str]) -> None:
         assert code == 2
 
 
+# launch's scheduler-option and software flags (cli/launch_flags.py).
+NEW_LAUNCH_FLAGS = ["--mem", "--constraint", "--exclude", "--nodelist", "--qos", "--reservation", "--dependency",
+                    "--mail-type", "--mail-user", "--directive", "--cpus-per-task", "--module", "--setup",
+                    "--container", "--container-bind"]
 launch_options = st.lists(st.one_of(
     st.tuples(st.sampled_from(["--scheduler", "--cluster", "--nodes", "--gpus-per-node", "--nproc-per-node", "--mode",
-                               "--time", "--account", "--queue", "--job-name", "--job-dir", "--env"]),
+                               "--time", "--account", "--queue", "--job-name", "--job-dir", "--env",
+                               *NEW_LAUNCH_FLAGS]),
               st.one_of(st.sampled_from(["slurm", "pbs", "local", "puhti", "lumi", "derecho", "generic-slurm",
                                          "generic-pbs", "1", "2", "0", "-1", "torchrun", "per-gpu", "spawn",
                                          "01:00:00", "1-00:00:00", "99:99:99", "A=B", "NCCL_DEBG=INFO",
-                                         "1BAD=x", "PATH"]), arg_text))
+                                         "1BAD=x", "PATH", "16G", "afterok:12:13", "singleton", "END,FAIL",
+                                         "node[1-2]", "--exclusive", "-l place=excl", "/img.sif", "/a:/b"]),
+                        arg_text))
     # "--opt=--" is left to test_launch_option_given_double_dash: Python 3.11's argparse turns it into [].
     .filter(lambda t: t[1] != "--").map(lambda t: f"{t[0]}={t[1]}"),
     st.sampled_from(["--dry-run", "--unknown"])), max_size=6)
@@ -411,3 +418,63 @@ def test_job_names_are_always_valid_directives(name: str) -> None:
         prefix = "#SBATCH --job-name=" if preset.scheduler == "slurm" else "#PBS -N "
         (line,) = [line for line in text.split("\n") if line.startswith(prefix)]
         assert re.fullmatch(r"[A-Za-z0-9_.+-]{1,236}", line.removeprefix(prefix))
+
+
+# SchedulerOptions fields with the value each takes; lists hold one flag's text.
+OPTION_FIELDS = {"mem": str, "constraint": str, "exclude": list, "nodelist": list, "qos": str, "reservation": str,
+                 "dependency": str, "mail_type": list, "mail_user": str, "directives": list}
+option_text = st.one_of(arg_text, st.sampled_from(["16G", "0", "a100&ib", "n[1-2]", "n1", "afterok:1:2", "END,FAIL",
+                                                    "a@b.c", "--exclusive", "-l place=excl", "R1", "singleton"]))
+
+
+@few(40)
+@given(preset=st.sampled_from(sorted(PRESETS)), mode=st.sampled_from(["torchrun", "spawn"]),
+       options=st.dictionaries(st.sampled_from(sorted(OPTION_FIELDS)), option_text, max_size=3),
+       cpus=st.one_of(st.none(), st.integers(min_value=-1, max_value=3)),
+       modules=st.lists(arg_text, max_size=2), image=st.one_of(st.none(), arg_text),
+       binds=st.lists(arg_text, max_size=2))
+@example(preset="slurm", mode="torchrun", options={"constraint": "a&b|[c]", "directives": "--comment=$(touch pwned)"},
+         cpus=2, modules=["$(touch pwned)", "a b"], image="/i $(touch pwned).sif", binds=["/x`touch pwned`"])
+def test_scheduler_options_and_software_are_checked_and_quoted(
+    preset: str, mode: str, options: dict[str, str], cpus: int | None, modules: list[str], image: str | None,
+    binds: list[str], stub_dir: Path,
+) -> None:
+    """Every --mem/--constraint/.../--module/--container value is refused or arrives literally, and nothing runs."""
+    from pydantic import ValidationError
+
+    from nodescale.launch.job_options import SchedulerOptions, Software
+
+    cluster = PRESETS[preset]
+    try:
+        scheduler_options = SchedulerOptions(
+            **{name: [value] if OPTION_FIELDS[name] is list else value for name, value in options.items()},
+            cpus_per_task=cpus)
+        software = Software(modules=modules, container=image, container_binds=binds if image else [])
+    except ValidationError:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        spec = JobSpec(scheduler=cluster.scheduler, preset=cluster.name, nodes=1, gpus_per_node=0, nproc_per_node=1,
+                       mode=mode, command=[str(stub_dir / "dump"), "$(touch pwned)"], workdir=root,
+                       job_dir=root / "jobs", options=scheduler_options, software=software)
+        try:
+            text = (render_slurm if cluster.scheduler == "slurm" else render_pbs)(spec, cluster)
+        except UserError as exc:
+            assert str(exc).strip()
+            return
+        bash_n(text, root)
+        prefix = "#SBATCH" if cluster.scheduler == "slurm" else "#PBS"
+        lines = directive_values(text, prefix)
+        for line in scheduler_options.directives:
+            assert line in lines
+        if cluster.scheduler == "slurm":
+            values = [arg for line in lines if not line.startswith("--comment") for arg in slurm_directive_args(line)]
+            for name in ("mem", "constraint", "qos", "reservation", "dependency", "mail_user"):
+                if getattr(scheduler_options, name):
+                    assert f"--{name.replace('_', '-')}={getattr(scheduler_options, name)}" in values
+        dump = root / "dump-out"
+        dump.mkdir()
+        result = run_with_stubs(text, root, stub_dir, dump, cluster)
+        assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{text}"
+        assert (dump / "argv").read_bytes().decode().split("\0")[:-1] == ["$(touch pwned)"]
+        assert not list(root.rglob("pwned*")), "a hostile string ran"

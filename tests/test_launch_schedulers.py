@@ -10,6 +10,7 @@ core count; the cluster's one fake GPU per node lets per-gpu mode ask for --gres
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -329,3 +330,85 @@ def test_pbs_train_on_two_nodes(cluster: str, flavour: str, tmp_path: Path, pbs_
     assert read_summary(tmp_path / "run")["world_size"] == 2
     assert not any(job.home.iterdir()), "the job wrote into the home directory it started in"
     assert job.output_file is not None and job.output_file.parent == tmp_path / "jobs"
+
+
+# --- scheduler options and the job's software, in real jobs ---------------------------------------------------
+
+# Lmod's `module` is an exported bash function; sbatch copies it into the job like any variable. This one
+# puts a decoy python first on PATH, as a site's python module would.
+MODULE_FUNCTION = '() { echo "module $*"; PATH="$DECOY_BIN:$PATH"; }'
+
+
+def test_slurm_job_with_scheduler_options_in_the_submitting_venv(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """--mem, --exclude and --cpus-per-task reach Slurm (scontrol); the venv nodescale ran from is active in
+    the job although a module load put another python first; a --mem no node has is refused (exit 2)."""
+    import subprocess
+
+    from conftest import cli_env
+
+    venv, decoy = tmp_path / "venv", tmp_path / "decoy"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    decoy.mkdir()
+    (decoy / "python").write_text("#!/bin/sh\necho decoy python\n")
+    (decoy / "python").chmod(0o755)
+    env = {**cli_env(), "BASH_FUNC_module%%": MODULE_FUNCTION, "DECOY_BIN": str(decoy)}
+
+    def launch(*options: str) -> subprocess.CompletedProcess[str]:
+        argv = [str(venv / "bin" / "python"), "-m", "nodescale", "launch", "--scheduler", "slurm", "--cluster",
+                SLURM_PRESET, "--time", "00:10:00", "--job-dir", "jobs", "--gpus-per-node", "0", "--mode", "spawn",
+                *options, "--", "bash", "-c", 'echo "PYTHON $(command -v python) VENV $VIRTUAL_ENV"']
+        return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    too_much = launch("--mem", "3000M")  # the nodes' RealMemory is 2000 MB
+    assert too_much.returncode == 2 and "Traceback" not in too_much.stderr, too_much.stderr
+    assert "memory specification can not be satisfied" in too_much.stderr.lower(), too_much.stderr
+
+    result = launch("--mem", "1000M", "--exclude", "node1,node2", "--cpus-per-task", "1", "--module", "python/3",
+                    "--mail-type", "END")
+    assert result.returncode == 0, result.stderr
+    job_id, script, log = submitted(result.stdout)
+    assert f"source {venv}/bin/activate" in script.read_text().split("\n")
+    output = finish(slurm, job_id, log)
+    assert "module load python/3" in output  # the stand-in module function ran in the job
+    assert f"PYTHON {venv}/bin/python VENV {venv}" in output, output  # the venv, not the module's decoy
+    fields = slurm.job_fields(job_id)
+    assert fields["NodeList"] == "node3" and fields["ExcNodeList"] == "node[1-2]", fields
+    assert fields["MinMemoryNode"] == "1000M" and fields["NumCPUs"] == "1" and fields["MailType"] == "END", fields
+
+
+STAND_IN_SINGULARITY = """#!/bin/bash
+# Apptainer's `singularity exec [--bind B] IMAGE CMD...`, minus the container: says what it was asked, runs CMD.
+[ "$1" = exec ] || exit 64
+shift
+binds=
+if [ "$1" = --bind ]; then binds=$2; shift 2; fi
+echo "STAND-IN singularity image=$1 binds=$binds"
+export IN_CONTAINER=$1
+shift
+exec "$@"
+"""
+
+
+@pytest.mark.parametrize("flavour", ["mpich"])
+def test_pbs_job_runs_its_command_in_the_container(flavour: str, tmp_path: Path, pbs_run) -> None:  # noqa: F811
+    """--container and --container-bind: mpiexec starts the command through `singularity exec` on the node."""
+    result = run_cli(["launch", "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "0", "--mode", "spawn",
+                      "--job-dir", "jobs", "--container", "/images/torch.sif", "--container-bind", "/scratch",
+                      "--container-bind", "/data:/mnt/data", "--module", "cuda", "--dry-run", "--",
+                      "bash", "-c", 'echo "RAN in $IN_CONTAINER as $0"', "arg0"], cwd=tmp_path)
+    submit, _, text = result.stdout.partition("\n")
+    script = Path(submit.removeprefix("# qsub "))
+    script.parent.mkdir()
+    script.write_text(text)
+    stand_ins = tmp_path / "stand-ins"
+    stand_ins.mkdir()
+    for name, body in {"singularity": STAND_IN_SINGULARITY, "module": "#!/bin/sh\necho \"module $*\"\n"}.items():
+        (stand_ins / name).write_text(body)
+        (stand_ins / name).chmod(0o755)
+    scratch_bin = tmp_path / "pbs-0" / "bin"  # pbs_run's mpiexec wrapper (its first scratch folder)
+    path = os.pathsep.join([str(stand_ins), str(scratch_bin), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    job = pbs_run(script, 1, mpiexec=flavour, workdir=tmp_path, env={"PATH": path})
+    assert job.returncode == 0, job.output
+    assert "module load cuda" in job.output
+    assert "STAND-IN singularity image=/images/torch.sif binds=/scratch,/data:/mnt/data" in job.output, job.output
+    assert "RAN in /images/torch.sif as arg0" in job.output, job.output

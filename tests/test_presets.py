@@ -11,8 +11,9 @@ import pytest
 from nodescale.errors import UserError
 from nodescale.launch.checks import check_job, walltime_seconds
 from nodescale.launch.envcheck import FAMILIES, EnvWarning, check_env
+from nodescale.launch.job_options import Software
 from nodescale.launch.presets import builtin_presets, list_presets, load_preset
-from nodescale.launch.spec import JobSpec, Preset
+from nodescale.launch.spec import Container, JobSpec, Preset
 
 BUILTINS = ["derecho", "generic-pbs", "generic-slurm", "hipergator", "lumi", "mahti", "puhti"]
 
@@ -150,11 +151,23 @@ def test_a_sensible_job_passes_every_check_quietly() -> None:
         check_job(job(), load_preset("puhti"))
         check_job(job(scheduler="pbs", preset="derecho", nodes=2, account="UABC0001", time="12:00:00"),
                   load_preset("derecho"))
-        check_job(job(preset="lumi", gpus_per_node=8, nproc_per_node=8, mode="per-gpu", account="project_465000001"),
-                  load_preset("lumi"))
+        check_job(job(preset="lumi", gpus_per_node=8, nproc_per_node=8, mode="per-gpu", account="project_465000001",
+                      software=Software(container="/appl/local/laifs/containers/torch.sif")), load_preset("lumi"))
         check_job(job(preset="generic-slurm", gpus_per_node=0, nproc_per_node=16, account=None),
                   load_preset("generic-slurm"))
         check_job(job(scheduler="local", mode="spawn"), load_preset("puhti"))
+
+
+def test_a_container_cluster_warns_about_a_job_without_one() -> None:
+    """LUMI's PyTorch exists only in containers: a job with none would find no torch, and is warned about."""
+    lumi_job = job(preset="lumi", gpus_per_node=8, nproc_per_node=8, account="project_465000001")
+    with pytest.warns(UserWarning, match="lumi has PyTorch only inside containers .* Add --container IMAGE.sif"):
+        check_job(lumi_job, load_preset("lumi"))
+    with_own = load_preset("lumi").model_copy(update={"container": Container(image="/project/mine.sif")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_job(lumi_job, with_own)  # a user preset's container is one
+        check_job(job(), load_preset("puhti"))  # modules give puhti its PyTorch
 
 
 @pytest.mark.parametrize("spec, cluster, expected", [

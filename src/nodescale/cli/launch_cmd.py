@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from nodescale.cli import launch_flags
 from nodescale.errors import UserError
 
 
@@ -44,6 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "the job is requeued (default 120)")
     parser.add_argument("--no-requeue", dest="requeue", action="store_false",
                         help="Slurm/PBS: no stop signal before the wall time and no requeue")
+    launch_flags.add_flags(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...")
     parser.set_defaults(handler=run)
 
@@ -124,6 +126,8 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
                             else _count("--stop-warning", args.stop_warning, minimum=0)),
             workdir=workdir,
             job_dir=(workdir / args.job_dir).resolve(),
+            options=launch_flags.scheduler_options(args),
+            software=launch_flags.software(args, scheduler),
         )
     except ValidationError as exc:
         error = exc.errors()[0]

@@ -12,6 +12,7 @@ import warnings
 
 from nodescale.errors import UserError
 from nodescale.launch.envcheck import EnvWarning, check_env
+from nodescale.launch.software import warn_without_container
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # What a project/account looks like on each built-in cluster, for the hint when it is missing.
@@ -87,3 +88,4 @@ def check_job(spec: JobSpec, preset: Preset) -> None:
 
     for warning in check_env({**preset.env, **spec.env}):
         warnings.warn(warning, EnvWarning, stacklevel=2)
+    warn_without_container(spec, preset)

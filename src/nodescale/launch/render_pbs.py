@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import requeue, shell, startup
+from nodescale.launch import option_directives, requeue, shell, software, startup
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # PBS Pro refuses longer job names.
@@ -55,6 +55,7 @@ def render_pbs(spec: JobSpec, preset: Preset) -> str:
     text that cannot go into the script safely (whitespace or quotes in a directive value, an invalid variable name).
     """
     shell.check_renderable(spec, preset)
+    preset = software.job_preset(spec, preset)
     env = shell.merged_env(preset.env, spec.env)
     cd_comment = [
         "# PBS starts the job in the home directory, not where qsub ran: go to the job's directory",
@@ -75,27 +76,30 @@ def directives(spec: JobSpec, preset: Preset) -> list[str]:
         f"-N {shell.safe_job_name(spec.job_name, limit=MAX_JOB_NAME)}",
         f"-l select={select(spec, preset)}",
     ]
-    if not any(_PLACE.match(line) for line in preset.directives):
+    if not any(_PLACE.match(line) for line in [*preset.directives, *spec.options.directives]):
         # One chunk per host: otherwise PBS may pack two chunks onto one node, and the launch
         # (one torchrun or one block of ranks per node) would put two nodes' work on it.
         options.append("-l place=scatter")
     options.append(f"-l walltime={walltime(spec.time)}")
     if spec.account:
         options.append(f"-A {word(spec.account, 'account')}")
-    queue = spec.queue or preset.queue
+    queue = option_directives.pbs_queue(spec, preset)
     if queue:
         options.append(f"-q {word(queue, 'queue')}")
     options += ["-j oe", f"-o {word(str(spec.job_dir).rstrip('/') + '/', 'job directory')}"]
-    options += [shell.check_line(line, "preset directive") for line in preset.directives]
+    options += option_directives.pbs_lines(spec, preset)  # the preset's, less what the command line sets
     return options
 
 
 def select(spec: JobSpec, preset: Preset) -> str:
-    """The ``select`` chunk: whole nodes, their GPUs when PBS counts them, tasks per node."""
-    chunk = f"{spec.nodes}:ncpus={preset.cpus_per_node}"
+    """The ``select`` chunks: whole nodes (or --cpus-per-task per task), their GPUs when PBS counts them, tasks per
+    node, then --mem and --nodelist's hosts."""
+    tasks = startup.tasks_per_node(spec)
+    cpus = preset.cpus_per_node if spec.options.cpus_per_task is None else spec.options.cpus_per_task * tasks
+    chunk = f"ncpus={cpus}"
     if preset.gpu_request == "pbs-ngpus" and spec.gpus_per_node > 0:
         chunk += f":ngpus={spec.gpus_per_node}"
-    return f"{chunk}:mpiprocs={startup.tasks_per_node(spec)}"
+    return option_directives.pbs_select(spec, f"{chunk}:mpiprocs={tasks}")
 
 
 def walltime(time: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import requeue, shell, startup
+from nodescale.launch import option_directives, requeue, shell, software, startup
 from nodescale.launch.spec import JobSpec, Preset
 
 # The job's logs, inside spec.job_dir; %j is Slurm's job id.
@@ -39,6 +39,7 @@ def render_slurm(spec: JobSpec, preset: Preset) -> str:
     text that cannot go into the script safely (a newline in a directive value, an invalid variable name).
     """
     shell.check_renderable(spec, preset)
+    preset = software.job_preset(spec, preset)
     env = shell.merged_env(preset.env, spec.env)
     blocks = [
         ["#!/bin/bash", *shell.header_lines(spec, preset), *(f"#SBATCH {d}" for d in directives(spec, preset))],
@@ -52,7 +53,7 @@ def render_slurm(spec: JobSpec, preset: Preset) -> str:
 
 
 def directives(spec: JobSpec, preset: Preset) -> list[str]:
-    """The ``#SBATCH`` options, without the prefix: resources, account, logs, then the preset's."""
+    """The ``#SBATCH`` options, without the prefix: resources, account, logs, the preset's, the command line's."""
     tasks = startup.tasks_per_node(spec)
     options = [
         f"--job-name={shell.safe_job_name(spec.job_name)}",
@@ -73,7 +74,7 @@ def directives(spec: JobSpec, preset: Preset) -> list[str]:
         # are appended to: a requeued job writes the same files again. Before the preset's lines,
         # which may override them.
         options += [f"--signal=B:{requeue.SIGNAL}@{spec.stop_warning_s}", "--requeue", "--open-mode=append"]
-    options += [shell.check_line(line, "preset directive") for line in preset.directives]
+    options += option_directives.slurm_lines(spec, preset, word)  # the preset's, less what the command line sets
     return options
 
 

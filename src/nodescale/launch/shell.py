@@ -22,6 +22,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from nodescale.distributed.env import DEFAULT_PORT, JOB_PORT_BASE, JOB_PORT_SPAN
 from nodescale.errors import UserError
+from nodescale.launch.job_options import PythonEnv
 from nodescale.launch.spec import JobSpec, Preset
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -138,20 +139,47 @@ def unset_block() -> list[str]:
     ]
 
 
-def setup_block(modules: Sequence[str], setup: Sequence[str]) -> list[str]:
-    """``module load`` lines, then the preset's setup lines verbatim, with ``set -u`` off.
+def setup_block(modules: Sequence[str], setup: Sequence[str], activate: Sequence[str] = (),
+                whose: str = "The preset's") -> list[str]:
+    """``module load`` lines, the ``activate`` lines, then the setup lines verbatim, with ``set -u`` off.
 
     Module and conda activation scripts read variables that may be unset; ``-u`` would abort
     them half way.
     """
-    if not modules and not setup:
+    if not modules and not setup and not activate:
         return []
-    lines = ["# The preset's software environment; -u is off: module and activation scripts read unset variables.",
+    lines = [f"# {whose} software environment; -u is off: module and activation scripts read unset variables.",
              "set +u"]
     lines += [f"module load {quote(module)}" for module in modules]
-    lines += list(setup)
+    lines += [*activate, *setup]
     lines.append("set -u")
     return lines
+
+
+def software_block(spec: JobSpec, preset: Preset) -> list[str]:
+    """The preset's modules and setup, the command line's added, and the submitting environment's activation."""
+    added = spec.software
+    whose = "The preset's and the command line's" if added.modules or added.setup else "The preset's"
+    modules = list(dict.fromkeys([*preset.modules, *added.modules]))  # one the preset loads is loaded once
+    activate = activate_lines(added.python_env, preset.container is not None)
+    return setup_block(modules, [*preset.setup, *added.setup], activate, whose)
+
+
+def activate_lines(python_env: PythonEnv | None, container: bool) -> list[str]:
+    """Lines that activate the submitting venv or conda environment (nothing in a container, which has its own)."""
+    if python_env is None:
+        return []
+    if container:
+        return ["# The submitting Python environment is not activated: the job's Python is the container's."]
+    lines = ["# The submitting Python environment, after the modules: sbatch copies PATH, but that is not activation,",
+             "# and a module load can put another python first (qsub copies nothing)."]
+    prefix = check_line(python_env.prefix, "Python environment")
+    if python_env.kind == "venv":
+        return [*lines, f"source {quote(prefix + '/bin/activate')}"]
+    if python_env.conda_exe:
+        hook = f"{quote(check_line(python_env.conda_exe, 'conda program'))} shell.bash hook"
+        return [*lines, f'eval "$({hook})"', f"conda activate {quote(prefix)}"]
+    return [*lines, f'export CONDA_PREFIX={quote(prefix)} PATH={quote(prefix + "/bin")}:"$PATH"']
 
 
 # The first IPv4 address of a host name (IPv4: NCCL and gloo socket setups on clusters expect it).
@@ -230,7 +258,7 @@ def prologue_lines(spec: JobSpec, preset: Preset, cd_comment: Sequence[str]) -> 
         ["set -euo pipefail"],
         [*cd_comment, f"cd {quote(str(spec.workdir))}"],
         unset_block(),
-        setup_block(preset.modules, preset.setup),
+        software_block(spec, preset),
         env_block(preset.env, spec.env),
     ]
     return paragraphs(blocks)

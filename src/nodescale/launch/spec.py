@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from nodescale.launch.job_options import SchedulerOptions, Software
+
 Scheduler = Literal["local", "slurm", "pbs"]
 Mode = Literal["torchrun", "per-gpu", "spawn"]
 
@@ -65,6 +67,8 @@ class Preset(Strict):
         "pals", description="PBS: the mpiexec flavour that starts one process per node or per GPU")
     cpu_bind: str | None = Field(None, description="CPU binding for the launcher (e.g. none, or LUMI's masks)")
     container: Container | None = None
+    container_required: bool = Field(False, description="PyTorch exists here only inside a container: a job "
+                                     "without one is warned about")
 
 
 class JobSpec(Strict):
@@ -87,6 +91,10 @@ class JobSpec(Strict):
     stop_warning_s: int = Field(120, ge=0, description="seconds before the wall time the ranks are told to stop")
     workdir: Path = Field(description="directory the job runs in (cd there first)")
     job_dir: Path = Field(description="where the script and the logs go")
+    options: SchedulerOptions = Field(default_factory=SchedulerOptions, description="--mem, --qos, ... over the "
+                                      "preset's directives")
+    software: Software = Field(default_factory=Software, description="--module, --setup, --container, and the "
+                               "submitting Python environment")
 
     @field_validator("time")
     @classmethod

@@ -127,8 +127,11 @@ def cpus_per_task(spec: JobSpec, preset: Preset) -> int:
     """The cores of the GPUs asked for, shared out between the node's tasks (at least one each).
 
     A job with 1 of a node's 4 GPUs gets a quarter of its cores: clusters such as Puhti
-    refuse (or bill for) more, and the rest of the node stays usable for other jobs.
+    refuse (or bill for) more, and the rest of the node stays usable for other jobs. ``--cpus-per-task``
+    overrides the rule.
     """
+    if spec.options.cpus_per_task is not None:
+        return spec.options.cpus_per_task
     cores = preset.cpus_per_node
     if 0 < spec.gpus_per_node < preset.gpus_per_node:
         cores = cores * spec.gpus_per_node // preset.gpus_per_node
