@@ -211,12 +211,12 @@ def test_mpiexec_flags_by_flavour(flavour: str) -> None:
     line = next(line for line in render(golden_spec(preset, "per-gpu"), preset).splitlines()
                 if line.startswith("mpiexec "))
     expected = {
-        "pals": "mpiexec -n 8 --ppn 4 --cpu-bind none \\",
-        "mpich": "mpiexec -n 8 -ppn 4 -bind-to none \\",  # Hydra refuses --cpu-bind
+        "pals": "mpiexec -n 8 --ppn 4 --cpu-bind none --label \\",
+        "mpich": "mpiexec -n 8 -ppn 4 -bind-to none -prepend-rank \\",  # Hydra refuses --cpu-bind
         # Hosts from the node file (Open MPI without PBS TM sees only the local host otherwise),
         # and the job id passed on: it is the rendezvous id on every node.
-        "openmpi": 'mpiexec -n 8 --hostfile "$PBS_NODEFILE" --map-by ppr:4:node --bind-to none -x PATH '
-                   "-x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID",
+        "openmpi": 'mpiexec -n 8 --hostfile "$PBS_NODEFILE" --map-by ppr:4:node --bind-to none --tag-output '
+                   "-x PATH -x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID",
     }[flavour]
     assert line.startswith(expected)
 
@@ -342,6 +342,8 @@ record()
 args, total, per_node, flavour = sys.argv[1:], 1, 1, "pals"
 while args and args[0].startswith("-"):
     flag = args.pop(0)
+    if flag in ("--label", "-prepend-rank", "--tag-output"):  # the rank labels take no value
+        continue
     value = args.pop(0)
     if flag == "-n":
         total = int(value)
@@ -530,7 +532,7 @@ def check_torchrun_runs(runs: list[dict[str, Any]], spec: JobSpec, job_id: str) 
         assert run["argv"][:split] == [
             f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port_for_job(job_id)}", f"--rdzv-id={job_id}",
-            f"--rdzv-conf=is_host={1 if node == 0 else 0}", "--local-addr=127.0.0.1",
+            f"--rdzv-conf=is_host={1 if node == 0 else 0}", "--local-addr=127.0.0.1", "--tee=3",
         ]
         assert run["argv"][split + 1:] == spec.command
         assert "RANK" not in run["env"] and "WORLD_SIZE" not in run["env"]  # stale ones were cleared
