@@ -40,12 +40,7 @@ class Line:
 
 def parse_line(raw: str, torchrun: bool) -> Line:
     """``raw`` with its labels read off; ``torchrun``: the outer label is a node, not a rank."""
-    outer, text = None, raw
-    for pattern in _OUTER:
-        match = pattern.match(text)
-        if match:
-            outer, text = int(match[1]), text[match.end():]
-            break
+    outer, text = _outer_label(raw)
     inner = _TORCHRUN.match(text)
     if inner:
         text = text[inner.end():]
@@ -58,9 +53,18 @@ def parse_line(raw: str, torchrun: bool) -> Line:
     return Line(outer, None, text, raw)
 
 
+def _outer_label(raw: str) -> tuple[int | None, str]:
+    """The launcher's task label of a line, and the rest of it."""
+    for pattern in _OUTER:
+        match = pattern.match(raw)
+        if match:
+            return int(match[1]), raw[match.end():]
+    return None, raw
+
+
 def looks_torchrun(raws: Iterable[str]) -> bool:
     """Whether any line carries torchrun's rank prefix (then outer labels are nodes)."""
-    return any(_TORCHRUN.match(parse_line(raw, False).text) for raw in raws)
+    return any(_TORCHRUN.match(_outer_label(raw)[1]) for raw in raws)
 
 
 def parse(raws: list[str], torchrun: bool | None = None) -> list[Line]:
