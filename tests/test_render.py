@@ -12,6 +12,7 @@ per-node and per-task launches also run under the real ``mpiexec`` on one node.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -524,6 +525,13 @@ def test_scripts_run_with_stub_launchers(preset: str, mode: str, tmp_path: Path,
         assert [r["argv"] for r in records if r["prog"] == "conda"] == [["activate", "/glade/work/user/envs/torch"]]
 
 
+def torch_has_numa_binding() -> bool:
+    """What the scripts check on each node: this torch has torchrun's --numa-binding."""
+    spec = importlib.util.find_spec("torch")
+    return bool(spec and spec.submodule_search_locations
+                and Path(spec.submodule_search_locations[0], "numa", "binding.py").is_file())
+
+
 def check_torchrun_runs(runs: list[dict[str, Any]], spec: JobSpec, job_id: str) -> None:
     """One torchrun per node, with that node's store role and address, then the command."""
     assert len(runs) == spec.nodes
@@ -533,6 +541,7 @@ def check_torchrun_runs(runs: list[dict[str, Any]], spec: JobSpec, job_id: str) 
             f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port_for_job(job_id)}", f"--rdzv-id={job_id}",
             f"--rdzv-conf=is_host={1 if node == 0 else 0}", "--local-addr=127.0.0.1", "--tee=3",
+            *(["--numa-binding=node"] if spec.gpus_per_node and torch_has_numa_binding() else []),
         ]
         assert run["argv"][split + 1:] == spec.command
         assert "RANK" not in run["env"] and "WORLD_SIZE" not in run["env"]  # stale ones were cleared

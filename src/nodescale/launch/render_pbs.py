@@ -178,7 +178,7 @@ def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[st
                                                   spec.command)]
     if spec.mode == "torchrun":
         launcher = mpiexec_words(spec, preset, nodes, 1, env_names)
-        script = startup.torchrun_script(nodes, nproc, _NODE_RANK, "$PBS_JOBID")
+        script = startup.torchrun_script(nodes, nproc, _NODE_RANK, "$PBS_JOBID", gpus=spec.gpus_per_node > 0)
         if spec.requeue:
             # mpiexec signals torchrun only, not its workers: torchrun passes USR1 on when told to
             # handle it (and gives the workers its --shutdown-timeout, 30 s, before killing them).

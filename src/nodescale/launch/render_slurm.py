@@ -148,7 +148,8 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
     why.append("# --kill-on-bad-exit: one failed task ends the step, not leaving the others waiting.")
     if spec.mode == "torchrun":
         launcher = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", *options]
-        script = startup.torchrun_script(spec.nodes, spec.nproc_per_node, "$SLURM_NODEID", "$SLURM_JOB_ID")
+        script = startup.torchrun_script(spec.nodes, spec.nproc_per_node, "$SLURM_NODEID", "$SLURM_JOB_ID",
+                                         gpus=spec.gpus_per_node > 0)
         comment = [f"# torchrun mode: one torchrun per node, each starting {spec.nproc_per_node} processes."]
         name = "nodescale-node"
     else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nodescale.launch.rank_labels import ONE_STREAM, TORCHRUN_PREFIX, TORCHRUN_TEE
+from nodescale.launch.rank_labels import ONE_STREAM, TORCHRUN_PREFIX, TORCHRUN_TEE, numa_binding_lines
 from nodescale.launch.shell import INDENT, join, quote
 from nodescale.launch.spec import Container, JobSpec, Preset
 
@@ -42,7 +42,7 @@ def local_addr_line() -> str:
     return f'local_addr=$(python3 -c "{probe}" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)'
 
 
-def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: str) -> list[str]:
+def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: str, gpus: bool = False) -> list[str]:
     """The per-node script that starts torchrun, as lines without single quotes.
 
     ``node_rank`` and ``rdzv_id`` are shell expressions evaluated on each node (for example
@@ -57,11 +57,12 @@ def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: s
         local_addr_line(),
         ONE_STREAM,
         TORCHRUN_PREFIX,
+        *(numa_binding_lines() if gpus else []),
         # No --node-rank: the c10d rendezvous assigns node ranks itself, and torchrun warns
         # on every node that the flag is ignored.
         f'exec torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} \\',
         f'{INDENT}--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="{rdzv_id}" \\',
-        f'{INDENT}--rdzv-conf=is_host="$is_host" --local-addr="$local_addr" {TORCHRUN_TEE} --no-python "$@"',
+        f'{INDENT}--rdzv-conf=is_host="$is_host" --local-addr="$local_addr" {TORCHRUN_TEE}{" $numa_binding" if gpus else ""} --no-python "$@"',
     ]
 
 
