@@ -49,6 +49,7 @@ def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: s
     ``$SLURM_NODEID``). The store's node is told so with ``is_host=1`` and every other node
     with ``is_host=0``: left to guess, nodes that share addresses (or none) time out.
     """
+    numa = " $numa_binding" if gpus else ""
     return [
         "# On every node. The first hosts the store (is_host=1); local_addr is this node as the others",
         "# reach it (its route to MASTER_ADDR), where torchrun would guess from the host name (often loopback).",
@@ -62,7 +63,7 @@ def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: s
         # on every node that the flag is ignored.
         f'exec torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} \\',
         f'{INDENT}--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="{rdzv_id}" \\',
-        f'{INDENT}--rdzv-conf=is_host="$is_host" --local-addr="$local_addr" {TORCHRUN_TEE}{" $numa_binding" if gpus else ""} --no-python "$@"',
+        f'{INDENT}--rdzv-conf=is_host="$is_host" --local-addr="$local_addr" {TORCHRUN_TEE}{numa} --no-python "$@"',
     ]
 
 
