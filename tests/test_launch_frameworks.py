@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from nodescale.launch.rank_logs import parse
 from scheduler_fixtures import SlurmCluster
 from test_launch_schedulers import finish, isolated, launch_slurm, slurm, submitted  # noqa: F401 (fixtures)
 
@@ -50,7 +51,7 @@ def run_script(slurm: SlurmCluster, tmp_path: Path, name: str, timeout: float = 
                           "--mode", "per-gpu", *options, command=[sys.executable, name])
     job_id, _, log = submitted(result.stdout)
     output = finish(slurm, job_id, log, timeout)
-    ranks = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    ranks = [json.loads(line.text) for line in parse(output.splitlines()) if line.text.startswith("{")]
     # Exactly two lines: a process the framework started itself would have printed one too.
     assert sorted(rank["rank"] for rank in ranks) == [0, 1], output
     for rank in ranks:

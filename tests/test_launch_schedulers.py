@@ -22,6 +22,7 @@ import pytest
 
 from conftest import read_summary, run_cli
 from nodescale.distributed.env import port_for_job
+from nodescale.launch.rank_logs import parse
 from scheduler_fixtures import SlurmCluster, processes_with, search_path
 
 pytestmark = pytest.mark.multiproc
@@ -80,7 +81,9 @@ def finish(slurm: SlurmCluster, job_id: str, log: Path, timeout: float = 180) ->
 
 
 def tagged_json(output: str, tag: str) -> list[dict[str, Any]]:
-    return [json.loads(line[len(tag) + 1:]) for line in output.splitlines() if line.startswith(tag + " ")]
+    """The JSON after ``TAG`` on every line, whatever rank label the launcher put before it."""
+    texts = [line.text for line in parse(output.splitlines())]
+    return [json.loads(text[len(tag) + 1:]) for text in texts if text.startswith(tag + " ")]
 
 
 # --- Slurm ------------------------------------------------------------------------------------------

@@ -163,14 +163,14 @@ def test_derecho_launches_like_the_ncar_seed() -> None:
     --rdzv-endpoint=$head_node_ip``, with the head's address from $PBS_NODEFILE."""
     text = script_of("derecho", "torchrun")
     launch = launch_line(text)
-    assert launch == "mpiexec -n 2 --ppn 1 --cpu-bind none \\", launch
+    assert launch == "mpiexec -n 2 --ppn 1 --cpu-bind none --label \\", launch
     after = text[text.index(launch):]
     assert "exec torchrun --nnodes=2 --nproc-per-node=4 \\" in after
     assert '--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"' in after
     before = text[:text.index(launch)]
     assert 'head_node=$(head -n 1 "$PBS_NODEFILE")' in before and "export MASTER_ADDR MASTER_PORT" in before
     # Per-gpu mode: one PALS rank per GPU, still unbound (the preset's binding is "none").
-    assert launch_line(script_of("derecho", "per-gpu")) == "mpiexec -n 8 --ppn 4 --cpu-bind none \\"
+    assert launch_line(script_of("derecho", "per-gpu")) == "mpiexec -n 8 --ppn 4 --cpu-bind none --label \\"
     # The NCAR docs: GPU jobs load cuda "or nodes may lock up"; /tmp is small and shared.
     assert 'export TMPDIR="${SCRATCH}/temp" && mkdir -p "${TMPDIR}"' in text
     for name in ("NCCL_SOCKET_IFNAME=hsn", "NCCL_IB_DISABLE=1", "NCCL_CROSS_NIC=1", "MPICH_GPU_SUPPORT_ENABLED=1"):

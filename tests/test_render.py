@@ -12,6 +12,7 @@ per-node and per-task launches also run under the real ``mpiexec`` on one node.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -211,12 +212,12 @@ def test_mpiexec_flags_by_flavour(flavour: str) -> None:
     line = next(line for line in render(golden_spec(preset, "per-gpu"), preset).splitlines()
                 if line.startswith("mpiexec "))
     expected = {
-        "pals": "mpiexec -n 8 --ppn 4 --cpu-bind none \\",
-        "mpich": "mpiexec -n 8 -ppn 4 -bind-to none \\",  # Hydra refuses --cpu-bind
+        "pals": "mpiexec -n 8 --ppn 4 --cpu-bind none --label \\",
+        "mpich": "mpiexec -n 8 -ppn 4 -bind-to none -prepend-rank \\",  # Hydra refuses --cpu-bind
         # Hosts from the node file (Open MPI without PBS TM sees only the local host otherwise),
         # and the job id passed on: it is the rendezvous id on every node.
-        "openmpi": 'mpiexec -n 8 --hostfile "$PBS_NODEFILE" --map-by ppr:4:node --bind-to none -x PATH '
-                   "-x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID",
+        "openmpi": 'mpiexec -n 8 --hostfile "$PBS_NODEFILE" --map-by ppr:4:node --bind-to none --tag-output '
+                   "-x PATH -x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID",
     }[flavour]
     assert line.startswith(expected)
 
@@ -342,6 +343,8 @@ record()
 args, total, per_node, flavour = sys.argv[1:], 1, 1, "pals"
 while args and args[0].startswith("-"):
     flag = args.pop(0)
+    if flag in ("--label", "-prepend-rank", "--tag-output"):  # the rank labels take no value
+        continue
     value = args.pop(0)
     if flag == "-n":
         total = int(value)
@@ -522,6 +525,13 @@ def test_scripts_run_with_stub_launchers(preset: str, mode: str, tmp_path: Path,
         assert [r["argv"] for r in records if r["prog"] == "conda"] == [["activate", "/glade/work/user/envs/torch"]]
 
 
+def torch_has_numa_binding() -> bool:
+    """What the scripts check on each node: this torch has torchrun's --numa-binding."""
+    spec = importlib.util.find_spec("torch")
+    return bool(spec and spec.submodule_search_locations
+                and Path(spec.submodule_search_locations[0], "numa", "binding.py").is_file())
+
+
 def check_torchrun_runs(runs: list[dict[str, Any]], spec: JobSpec, job_id: str) -> None:
     """One torchrun per node, with that node's store role and address, then the command."""
     assert len(runs) == spec.nodes
@@ -530,7 +540,8 @@ def check_torchrun_runs(runs: list[dict[str, Any]], spec: JobSpec, job_id: str) 
         assert run["argv"][:split] == [
             f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port_for_job(job_id)}", f"--rdzv-id={job_id}",
-            f"--rdzv-conf=is_host={1 if node == 0 else 0}", "--local-addr=127.0.0.1",
+            f"--rdzv-conf=is_host={1 if node == 0 else 0}", "--local-addr=127.0.0.1", "--tee=3",
+            *(["--numa-binding=node"] if spec.gpus_per_node and torch_has_numa_binding() else []),
         ]
         assert run["argv"][split + 1:] == spec.command
         assert "RANK" not in run["env"] and "WORLD_SIZE" not in run["env"]  # stale ones were cleared

@@ -18,6 +18,7 @@ from nodescale.cli import (
     jobs_cmd,
     launch_cmd,
     list_cmd,
+    logs_cmd,
     report_cmd,
     train_cmd,
 )
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_cmd.add_parser(subparsers)
     jobs_cmd.add_parsers(subparsers)
     list_cmd.add_parsers(subparsers)
+    logs_cmd.add_parser(subparsers)
     return parser
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import option_directives, requeue, shell, software, startup
+from nodescale.launch import option_directives, rank_labels, requeue, shell, software, startup
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # PBS Pro refuses longer job names.
@@ -64,6 +64,7 @@ def render_pbs(spec: JobSpec, preset: Preset) -> str:
     blocks = [
         ["#!/bin/bash", *shell.header_lines(spec, preset), *(f"#PBS {d}" for d in directives(spec, preset))],
         shell.prologue_lines(spec, preset, cd_comment),
+        rank_labels.pbs_log_lines(str(spec.job_dir)),
         shell.rendezvous_block(_HEAD, "PBS_JOBID", env, _WHY_HEAD),
         *run_lines(spec, preset, list(env)),
     ]
@@ -125,15 +126,16 @@ def word(value: str, what: str) -> str:
 def mpiexec_words(spec: JobSpec, preset: Preset, total: int, per_node: int, env_names: list[str]) -> list[str]:
     """``mpiexec`` starting ``total`` processes, ``per_node`` on each node, in the preset's flavour."""
     bind = startup.cpu_bind_for(spec, preset) or "none"
+    label = rank_labels.MPIEXEC_LABEL[preset.mpiexec]
     if preset.mpiexec == "pals":
-        return ["mpiexec", "-n", str(total), "--ppn", str(per_node), "--cpu-bind", bind]
+        return ["mpiexec", "-n", str(total), "--ppn", str(per_node), "--cpu-bind", bind, label]
     if preset.mpiexec == "mpich":
-        return ["mpiexec", "-n", str(total), "-ppn", str(per_node), "-bind-to", bind]
+        return ["mpiexec", "-n", str(total), "-ppn", str(per_node), "-bind-to", bind, label]
     # The node file names the hosts: an Open MPI built without PBS's TM interface (Debian's,
     # many conda ones) sees only the local host otherwise. PBS_JOBID must travel with -x: it
     # is the rendezvous id, and nodes with different ids never meet.
     words = ["mpiexec", "-n", str(total), "--hostfile", shell.Expansion('"$PBS_NODEFILE"'),
-             "--map-by", f"ppr:{per_node}:node", "--bind-to", bind]
+             "--map-by", f"ppr:{per_node}:node", "--bind-to", bind, label]
     for name in dict.fromkeys(["PATH", "MASTER_ADDR", "MASTER_PORT", "PBS_JOBID", *env_names]):
         words += ["-x", name]
     return words
@@ -141,8 +143,9 @@ def mpiexec_words(spec: JobSpec, preset: Preset, total: int, per_node: int, env_
 
 def run_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[list[str]]:
     """The launch; with requeue, in the background with the signal passed on and ``qrerun`` after it."""
+    failed = rank_labels.failure_lines("PBS_JOBID", ['"$ranks_log"'])
     if not spec.requeue:
-        return [launch_lines(spec, preset, env_names)]
+        return [rank_labels.with_status(launch_lines(spec, preset, env_names)), [*failed, 'exit "$step_status"']]
     lead = spec.stop_warning_s
     timer_at = walltime_seconds(spec.time) - lead
     why = [
@@ -159,6 +162,7 @@ def run_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[list[
         [*why, *requeue.marker_lines(str(spec.job_dir), "PBS_JOBID"), *timer],
         [*requeue.background_launch(launch_lines(spec, preset, [*env_names, requeue.REQUEUE_FILE_VARIABLE])),
          *stop_timer],
+        failed,
         requeue.requeue_lines('qrerun "$PBS_JOBID"', "rerunning PBS job $PBS_JOBID"),
     ]
 
@@ -178,7 +182,7 @@ def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[st
                                                   spec.command)]
     if spec.mode == "torchrun":
         launcher = mpiexec_words(spec, preset, nodes, 1, env_names)
-        script = startup.torchrun_script(nodes, nproc, _NODE_RANK, "$PBS_JOBID")
+        script = startup.torchrun_script(nodes, nproc, _NODE_RANK, "$PBS_JOBID", gpus=spec.gpus_per_node > 0)
         if spec.requeue:
             # mpiexec signals torchrun only, not its workers: torchrun passes USR1 on when told to
             # handle it (and gives the workers its --shutdown-timeout, 30 s, before killing them).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import option_directives, requeue, shell, software, startup
+from nodescale.launch import option_directives, rank_labels, requeue, shell, software, startup
 from nodescale.launch.spec import JobSpec, Preset
 
 # The job's logs, inside spec.job_dir; %j is Slurm's job id.
@@ -115,8 +115,9 @@ def word(value: str, what: str) -> str:
 
 def run_lines(spec: JobSpec, preset: Preset) -> list[list[str]]:
     """The launch; with requeue, in the background with the signal passed on and requeue after it."""
+    failed = rank_labels.failure_lines("SLURM_JOB_ID", rank_labels.slurm_logs(str(spec.job_dir)))
     if not spec.requeue:
-        return [launch_lines(spec, preset)]
+        return [rank_labels.with_status(launch_lines(spec, preset)), [*failed, 'exit "$step_status"']]
     why = [
         f"# Preemption and wall time: Slurm sends {requeue.SIGNAL} {spec.stop_warning_s} s before the end (or "
         f"`scancel --signal={requeue.SIGNAL} --batch`);",
@@ -125,13 +126,14 @@ def run_lines(spec: JobSpec, preset: Preset) -> list[list[str]]:
     return [
         [*why, *requeue.marker_lines(str(spec.job_dir), "SLURM_JOB_ID")],
         requeue.background_launch(launch_lines(spec, preset)),
+        failed,
         requeue.requeue_lines('scontrol requeue "$SLURM_JOB_ID"', 'requeueing Slurm job $SLURM_JOB_ID'),
     ]
 
 
 def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
     """The comment and the ``srun`` line that start the job's processes, by mode."""
-    options = [f"--cpus-per-task={startup.cpus_per_task(spec, preset)}"]
+    options = [f"--cpus-per-task={startup.cpus_per_task(spec, preset)}", rank_labels.SRUN_LABEL]
     bind = startup.cpu_bind_for(spec, preset)
     if bind:
         options.append(f"--cpu-bind={bind}")
@@ -147,7 +149,8 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
     why.append("# --kill-on-bad-exit: one failed task ends the step, not leaving the others waiting.")
     if spec.mode == "torchrun":
         launcher = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", *options]
-        script = startup.torchrun_script(spec.nodes, spec.nproc_per_node, "$SLURM_NODEID", "$SLURM_JOB_ID")
+        script = startup.torchrun_script(spec.nodes, spec.nproc_per_node, "$SLURM_NODEID", "$SLURM_JOB_ID",
+                                         gpus=spec.gpus_per_node > 0)
         comment = [f"# torchrun mode: one torchrun per node, each starting {spec.nproc_per_node} processes."]
         name = "nodescale-node"
     else:

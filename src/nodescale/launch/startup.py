@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nodescale.launch.rank_labels import ONE_STREAM, TORCHRUN_PREFIX, TORCHRUN_TEE, numa_binding_lines
 from nodescale.launch.shell import INDENT, join, quote
 from nodescale.launch.spec import Container, JobSpec, Preset
 
@@ -41,24 +42,28 @@ def local_addr_line() -> str:
     return f'local_addr=$(python3 -c "{probe}" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)'
 
 
-def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: str) -> list[str]:
+def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: str, gpus: bool = False) -> list[str]:
     """The per-node script that starts torchrun, as lines without single quotes.
 
     ``node_rank`` and ``rdzv_id`` are shell expressions evaluated on each node (for example
     ``$SLURM_NODEID``). The store's node is told so with ``is_host=1`` and every other node
     with ``is_host=0``: left to guess, nodes that share addresses (or none) time out.
     """
+    numa = " $numa_binding" if gpus else ""
     return [
         "# On every node. The first hosts the store (is_host=1); local_addr is this node as the others",
         "# reach it (its route to MASTER_ADDR), where torchrun would guess from the host name (often loopback).",
         f"node_rank={node_rank}",
         'if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi',
         local_addr_line(),
+        ONE_STREAM,
+        TORCHRUN_PREFIX,
+        *(numa_binding_lines() if gpus else []),
         # No --node-rank: the c10d rendezvous assigns node ranks itself, and torchrun warns
         # on every node that the flag is ignored.
         f'exec torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} \\',
         f'{INDENT}--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="{rdzv_id}" \\',
-        f'{INDENT}--rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"',
+        f'{INDENT}--rdzv-conf=is_host="$is_host" --local-addr="$local_addr" {TORCHRUN_TEE}{numa} --no-python "$@"',
     ]
 
 
@@ -71,6 +76,7 @@ def per_task_script(rank: str, local_rank: str, world_size: str, local_world_siz
     detection, say) otherwise take every task for node 0.
     """
     return [
+        ONE_STREAM,
         f"export RANK={rank}",
         f"export LOCAL_RANK={local_rank}",
         f"export WORLD_SIZE={world_size} LOCAL_WORLD_SIZE={local_world_size}",

@@ -36,6 +36,11 @@ export MPICH_GPU_SUPPORT_ENABLED=1
 export OMP_NUM_THREADS=8
 export RUN_NOTE='lr 0.1, '"'"'warm'"'"' start'
 
+# PBS copies the job's output to the job directory only at its end: a copy as it is written, for
+# `nodescale logs` (and --follow) and for the failure summary at the end.
+ranks_log=/home/user/project/runs/resnet-ddp/pbs-"${PBS_JOBID%%.*}".log
+exec > >(tee -a "$ranks_log") 2>&1
+
 # Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
 # the port derives from the job id: the same on every node, another for each job.
 # $PBS_NODEFILE lists the hosts, the first first; resolved here: the login node may resolve names otherwise.
@@ -60,9 +65,10 @@ trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$
 # per-gpu mode: one MPI rank per process, given torchrun's variables from the MPI ones.
 # CPU binding off unless the preset sets one: a launcher bound to one core shares it with its processes.
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
-mpiexec -n 8 --ppn 4 --cpu-bind none \
+mpiexec -n 8 --ppn 4 --cpu-bind none --label \
     bash -c '
         trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
+        exec 2>&1  # one stream per rank: its traceback stays in order with its other lines
         export RANK=${PALS_RANKID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}
         export LOCAL_RANK=${PALS_LOCAL_RANKID:-${MPI_LOCALRANKID:-${OMPI_COMM_WORLD_LOCAL_RANK:?mpiexec set no local rank variable}}}
         export WORLD_SIZE=8 LOCAL_WORLD_SIZE=4
@@ -78,6 +84,11 @@ while true; do
     kill -0 "$step_pid" 2>/dev/null || break
 done
 kill "$timer_pid" 2>/dev/null || true
+
+# A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
+if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+    python3 -m nodescale.launch.first_failure "$PBS_JOBID" "$ranks_log" 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $PBS_JOBID\` shows each rank's lines"
+fi
 
 # Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
 if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then

@@ -56,13 +56,14 @@ trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$
 # --cpus-per-task again: Slurm 22.05 to 23.02 do not pass the job's value on to steps.
 # --kill-on-bad-exit: one failed task ends the step, not leaving the others waiting.
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
-srun --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --cpu-bind=mask_cpu:0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000 --kill-on-bad-exit=1 \
+srun --nodes=2 --ntasks-per-node=8 --cpus-per-task=7 --label --cpu-bind=mask_cpu:0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000 --kill-on-bad-exit=1 \
     singularity exec --bind /pfs,/scratch,/projappl /appl/local/containers/pytorch.sif \
     bash -c '
         set -e
         $WITH_CONDA
         source /projappl/project_465000001/venv/bin/activate
         trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
+        exec 2>&1  # one stream per rank: its traceback stays in order with its other lines
         export RANK=$SLURM_PROCID
         export LOCAL_RANK=$SLURM_LOCALID
         export WORLD_SIZE=$SLURM_NTASKS LOCAL_WORLD_SIZE=8
@@ -77,6 +78,11 @@ while true; do
     wait "$step_pid" && step_status=0 || step_status=$?
     kill -0 "$step_pid" 2>/dev/null || break
 done
+
+# A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
+if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+    python3 -m nodescale.launch.first_failure "$SLURM_JOB_ID" /home/user/project/runs/resnet-ddp/slurm-"$SLURM_JOB_ID".out /home/user/project/runs/resnet-ddp/slurm-"$SLURM_JOB_ID".err 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $SLURM_JOB_ID\` shows each rank's lines"
+fi
 
 # Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
 if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then

@@ -35,6 +35,11 @@ export FI_CXI_DEFAULT_CQ_SIZE=131072
 export FI_MR_CACHE_MONITOR=userfaultfd
 export MPICH_GPU_SUPPORT_ENABLED=1
 
+# PBS copies the job's output to the job directory only at its end: a copy as it is written, for
+# `nodescale logs` (and --follow) and for the failure summary at the end.
+ranks_log=/home/user/project/nodescale-jobs/pbs-"${PBS_JOBID%%.*}".log
+exec > >(tee -a "$ranks_log") 2>&1
+
 # Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
 # the port derives from the job id: the same on every node, another for each job.
 # $PBS_NODEFILE lists the hosts, the first first; resolved here: the login node may resolve names otherwise.
@@ -58,7 +63,7 @@ step_pid=
 trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$step_pid" 2>/dev/null || true' USR1
 # Spawn mode: the command runs once, on one node, and starts its own processes.
 # CPU binding off unless the preset sets one: a launcher bound to one core shares it with its processes.
-mpiexec -n 1 --ppn 1 --cpu-bind none \
+mpiexec -n 1 --ppn 1 --cpu-bind none --label \
     bash -c '
         trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
         exec "$@"
@@ -71,6 +76,11 @@ while true; do
     kill -0 "$step_pid" 2>/dev/null || break
 done
 kill "$timer_pid" 2>/dev/null || true
+
+# A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
+if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+    python3 -m nodescale.launch.first_failure "$PBS_JOBID" "$ranks_log" 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $PBS_JOBID\` shows each rank's lines"
+fi
 
 # Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
 if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then

@@ -51,7 +51,7 @@ step_pid=
 trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$step_pid" 2>/dev/null || true' USR1
 # Spawn mode: the command runs once, on one node, and starts its own processes.
 # --cpus-per-task again: Slurm 22.05 to 23.02 do not pass the job's value on to steps.
-srun --nodes=1 --ntasks=1 --cpus-per-task=40 \
+srun --nodes=1 --ntasks=1 --cpus-per-task=40 --label \
     bash -c '
         trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
         exec "$@"
@@ -63,6 +63,11 @@ while true; do
     wait "$step_pid" && step_status=0 || step_status=$?
     kill -0 "$step_pid" 2>/dev/null || break
 done
+
+# A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
+if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+    python3 -m nodescale.launch.first_failure "$SLURM_JOB_ID" /home/user/project/nodescale-jobs/slurm-"$SLURM_JOB_ID".out /home/user/project/nodescale-jobs/slurm-"$SLURM_JOB_ID".err 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $SLURM_JOB_ID\` shows each rank's lines"
+fi
 
 # Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
 if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
