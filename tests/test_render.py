@@ -12,7 +12,6 @@ per-node and per-task launches also run under the real ``mpiexec`` on one node.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -24,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import golden_files
 from nodescale.distributed.env import port_for_job
 from nodescale.errors import UserError
-from nodescale.launch import shell
+from nodescale.launch import numa_binding, shell
 from nodescale.launch.render_pbs import render_pbs, walltime
 from nodescale.launch.render_slurm import render_slurm
 from nodescale.launch.spec import Container, JobSpec, Preset
@@ -526,10 +526,40 @@ def test_scripts_run_with_stub_launchers(preset: str, mode: str, tmp_path: Path,
 
 
 def torch_has_numa_binding() -> bool:
-    """What the scripts check on each node: this torch has torchrun's --numa-binding."""
-    spec = importlib.util.find_spec("torch")
-    return bool(spec and spec.submodule_search_locations
-                and Path(spec.submodule_search_locations[0], "numa", "binding.py").is_file())
+    """What the scripts ask on each node (``python3 -m nodescale.launch.numa_binding``)."""
+    return numa_binding.applies(Path(torch.__file__).parent)
+
+
+def fake_node(root: Path, numa_nodes: int, gpu_numa: list[str], torch_build: str) -> tuple[Path, Path]:
+    """A /sys with ``numa_nodes`` NUMA nodes and NVIDIA GPUs on ``gpu_numa``, and a torch dir of ``torch_build``."""
+    for node in range(numa_nodes):
+        (root / "sys/devices/system/node" / f"node{node}").mkdir(parents=True)
+    for index, numa in enumerate(["", *gpu_numa]):  # first: the board's VGA controller, not a GPU
+        device = root / "sys/bus/pci/devices" / f"0000:{index:02x}:00.0"
+        device.mkdir(parents=True)
+        (device / "vendor").write_text("0x1a03\n" if index == 0 else "0x10de\n")
+        (device / "class").write_text("0x030000\n" if index == 0 else "0x030200\n")
+        (device / "numa_node").write_text(f"{numa or 0}\n")
+    torch_dir = root / "torch"
+    (torch_dir / "numa").mkdir(parents=True)
+    (torch_dir / "numa" / "binding.py").write_text("")
+    (torch_dir / "version.py").write_text(f"cuda: Optional[str] = {torch_build}\nhip: Optional[str] = None\n")
+    return torch_dir, root / "sys"
+
+
+@pytest.mark.parametrize(("numa_nodes", "gpu_numa", "build", "binds"), [
+    (2, ["0", "1"], "'12.8'", True),
+    (2, ["0", "1"], "None", False),  # a CPU torch on nodes with GPU gres: binding would fail the step
+    (1, ["0", "0"], "'12.8'", False),  # one NUMA node: nothing to choose
+    (2, ["0", "-1"], "'12.8'", False),  # a GPU on an unknown node (VMs): torchrun would fail
+    (2, [], "'12.8'", False),
+])
+def test_numa_binding_only_where_it_can_work(tmp_path: Path, numa_nodes: int, gpu_numa: list[str], build: str,
+                                             binds: bool) -> None:
+    torch_dir, sys_root = fake_node(tmp_path, numa_nodes, gpu_numa, build)
+    assert numa_binding.applies(torch_dir, sys_root) is binds
+    (torch_dir / "numa" / "binding.py").unlink()  # a torch without the option
+    assert not numa_binding.applies(torch_dir, sys_root)
 
 
 def check_torchrun_runs(runs: list[dict[str, Any]], spec: JobSpec, job_id: str) -> None:

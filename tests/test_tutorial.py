@@ -46,6 +46,8 @@ SCRIPTS = ("train_single.py", "train_distributed.py")
 SLURM_PRESET = "tutorial-slurm"
 PBS_PRESET = "tutorial-pbs"
 EPOCH_LINE = re.compile(r"^epoch 5: loss \d+\.\d{4}  val_acc \d+\.\d\d%$", re.M)
+# In a job's log each line carries its node's label (srun `1: `, MPICH `[1] `) and torchrun's rank prefix.
+JOB_EPOCH_LINE = re.compile(r"^(\d+: |\[\d+\] )\[rank0\]:epoch 5: loss \d+\.\d{4}  val_acc \d+\.\d\d%$", re.M)
 
 
 # --- the page ---------------------------------------------------------------------------------------
@@ -239,7 +241,7 @@ def test_step4_two_slurm_nodes(workdir: Path, environment: dict[str, str],
 
     def log(command, result):
         assert "training on cpu, world size 2\n" in result.stdout, result.stdout
-        assert EPOCH_LINE.search(result.stdout), result.stdout
+        assert JOB_EPOCH_LINE.search(result.stdout), result.stdout
         assert slurm_cluster.job_fields(job["id"])["NumNodes"] == "2"
         assert saved(workdir / "model.pt")["world_size"] == 2
 
@@ -296,7 +298,7 @@ def test_step5_pbs_pro(workdir: Path, environment: dict[str, str], pbs_run) -> N
 
     def log(command, result):
         assert result.stdout == ran["job"].output_file.read_text()
-        assert EPOCH_LINE.search(result.stdout), result.stdout
+        assert JOB_EPOCH_LINE.search(result.stdout), result.stdout
         assert saved(workdir / "model.pt")["world_size"] == 2
 
     dry = "nodescale launch --cluster derecho --nodes 2 --gpus-per-node 1 --account UABC0001 --time 00:10:00 --dry-run"

@@ -66,18 +66,3 @@ def with_status(launch: list[str]) -> list[str]:
     """A foreground launch that keeps its exit code in ``$step_status`` (``set -e`` would end the script)."""
     *head, last = launch
     return ["step_status=0", *head, f"{last} || step_status=$?"]
-
-
-def numa_binding_lines() -> list[str]:
-    """Set ``numa_binding`` to torchrun's ``--numa-binding=node`` where the job's torch has it, else nothing.
-
-    Checked on the node when the job runs (the project allows torch >= 2.6; the option came with
-    ``torch/numa/binding.py``), by the file, so that torch is not imported twice. Without it,
-    the preset's ``cpu_bind`` (srun/mpiexec) is the only binding.
-    """
-    probe = "import importlib.util as u; print(u.find_spec(\\\"torch\\\").submodule_search_locations[0])"
-    return [
-        "# Each rank on the cores and NUMA node nearest its GPU, where this torch can (--numa-binding).",
-        f'torch_dir=$(python3 -c "{probe}" 2>/dev/null) || torch_dir=',
-        'if [ -f "$torch_dir/numa/binding.py" ]; then numa_binding=--numa-binding=node; else numa_binding=; fi',
-    ]

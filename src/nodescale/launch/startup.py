@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nodescale.launch.rank_labels import ONE_STREAM, TORCHRUN_PREFIX, TORCHRUN_TEE, numa_binding_lines
+from nodescale.launch.rank_labels import ONE_STREAM, TORCHRUN_PREFIX, TORCHRUN_TEE
 from nodescale.launch.shell import INDENT, join, quote
 from nodescale.launch.spec import Container, JobSpec, Preset
 
@@ -42,6 +42,12 @@ def local_addr_line() -> str:
     return f'local_addr=$(python3 -c "{probe}" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)'
 
 
+NUMA_BINDING = [
+    "# Each rank bound to the NUMA node of its GPU, where this torch and this node allow it (numa_binding.py).",
+    "numa_binding=$(python3 -m nodescale.launch.numa_binding 2>/dev/null) || numa_binding=",
+]
+
+
 def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: str, gpus: bool = False) -> list[str]:
     """The per-node script that starts torchrun, as lines without single quotes.
 
@@ -58,7 +64,7 @@ def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: s
         local_addr_line(),
         ONE_STREAM,
         TORCHRUN_PREFIX,
-        *(numa_binding_lines() if gpus else []),
+        *(NUMA_BINDING if gpus else []),
         # No --node-rank: the c10d rendezvous assigns node ranks itself, and torchrun warns
         # on every node that the flag is ignored.
         f'exec torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} \\',

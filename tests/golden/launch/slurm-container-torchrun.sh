@@ -70,9 +70,8 @@ srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=56 --label --kill-on-bad-exit
         local_addr=$(python3 -c "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)
         exec 2>&1  # one stream per rank: its traceback stays in order with its other lines
         export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank\${rank}]:"  # with --tee=3: each line its rank
-        # Each rank on the cores and NUMA node nearest its GPU, where this torch can (--numa-binding).
-        torch_dir=$(python3 -c "import importlib.util as u; print(u.find_spec(\"torch\").submodule_search_locations[0])" 2>/dev/null) || torch_dir=
-        if [ -f "$torch_dir/numa/binding.py" ]; then numa_binding=--numa-binding=node; else numa_binding=; fi
+        # Each rank bound to the NUMA node of its GPU, where this torch and this node allow it (numa_binding.py).
+        numa_binding=$(python3 -m nodescale.launch.numa_binding 2>/dev/null) || numa_binding=
         exec torchrun --nnodes=2 --nproc-per-node=8 \
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
             --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --tee=3 $numa_binding --no-python "$@"

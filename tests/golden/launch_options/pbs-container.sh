@@ -33,6 +33,11 @@ export GLOO_SOCKET_IFNAME=ib0
 export OMP_NUM_THREADS=8
 export RUN_NOTE='lr 0.1, '"'"'warm'"'"' start'
 
+# PBS copies the job's output to the job directory only at its end: a copy as it is written, for
+# `nodescale logs` (and --follow) and for the failure summary at the end.
+ranks_log=/home/user/project/runs/resnet-ddp/pbs-"${PBS_JOBID%%.*}".log
+exec > >(tee -a "$ranks_log") 2>&1
+
 # Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
 # the port derives from the job id: the same on every node, another for each job.
 # $PBS_NODEFILE lists the hosts, the first first; resolved here: the login node may resolve names otherwise.
@@ -58,7 +63,7 @@ trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$
 # CPU binding off unless the preset sets one: a launcher bound to one core shares it with its processes.
 # -x: Open MPI's daemons on other nodes pass on only the variables named so.
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
-mpiexec -n 2 --hostfile "$PBS_NODEFILE" --map-by ppr:1:node --bind-to none -x PATH -x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID -x GLOO_SOCKET_IFNAME -x OMP_NUM_THREADS -x RUN_NOTE -x NODESCALE_REQUEUE_FILE \
+mpiexec -n 2 --hostfile "$PBS_NODEFILE" --map-by ppr:1:node --bind-to none --tag-output -x PATH -x MASTER_ADDR -x MASTER_PORT -x PBS_JOBID -x GLOO_SOCKET_IFNAME -x OMP_NUM_THREADS -x RUN_NOTE -x NODESCALE_REQUEUE_FILE \
     singularity exec --bind /scratch,/data:/mnt/data '/images/torch 2.6.sif' \
     bash -c '
         export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
@@ -67,9 +72,11 @@ mpiexec -n 2 --hostfile "$PBS_NODEFILE" --map-by ppr:1:node --bind-to none -x PA
         node_rank=${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}
         if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi
         local_addr=$(python3 -c "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)
+        exec 2>&1  # one stream per rank: its traceback stays in order with its other lines
+        export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank\${rank}]:"  # with --tee=3: each line its rank
         exec torchrun --nnodes=2 --nproc-per-node=4 \
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$PBS_JOBID" \
-            --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"
+            --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --tee=3 --no-python "$@"
     ' \
     nodescale-node nodescale train --config /home/user/project/resnet.yaml --set epochs=3 &
 step_pid=$!
@@ -79,6 +86,11 @@ while true; do
     kill -0 "$step_pid" 2>/dev/null || break
 done
 kill "$timer_pid" 2>/dev/null || true
+
+# A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
+if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+    python3 -m nodescale.launch.first_failure "$PBS_JOBID" "$ranks_log" 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $PBS_JOBID\` shows each rank's lines"
+fi
 
 # Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
 if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then

@@ -46,6 +46,11 @@ export MPICH_GPU_SUPPORT_ENABLED=1
 export OMP_NUM_THREADS=8
 export RUN_NOTE='lr 0.1, '"'"'warm'"'"' start'
 
+# PBS copies the job's output to the job directory only at its end: a copy as it is written, for
+# `nodescale logs` (and --follow) and for the failure summary at the end.
+ranks_log=/home/user/project/runs/resnet-ddp/pbs-"${PBS_JOBID%%.*}".log
+exec > >(tee -a "$ranks_log") 2>&1
+
 # Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
 # the port derives from the job id: the same on every node, another for each job.
 # $PBS_NODEFILE lists the hosts, the first first; resolved here: the login node may resolve names otherwise.
@@ -70,7 +75,7 @@ trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$
 # torchrun mode: one torchrun per node, each starting 4 processes.
 # CPU binding off unless the preset sets one: a launcher bound to one core shares it with its processes.
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
-mpiexec -n 2 --ppn 1 --cpu-bind none \
+mpiexec -n 2 --ppn 1 --cpu-bind none --label \
     bash -c '
         export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
         # On every node. The first hosts the store (is_host=1); local_addr is this node as the others
@@ -78,9 +83,13 @@ mpiexec -n 2 --ppn 1 --cpu-bind none \
         node_rank=${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}
         if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi
         local_addr=$(python3 -c "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)
+        exec 2>&1  # one stream per rank: its traceback stays in order with its other lines
+        export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank\${rank}]:"  # with --tee=3: each line its rank
+        # Each rank bound to the NUMA node of its GPU, where this torch and this node allow it (numa_binding.py).
+        numa_binding=$(python3 -m nodescale.launch.numa_binding 2>/dev/null) || numa_binding=
         exec torchrun --nnodes=2 --nproc-per-node=4 \
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$PBS_JOBID" \
-            --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"
+            --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --tee=3 $numa_binding --no-python "$@"
     ' \
     nodescale-node nodescale train --config /home/user/project/resnet.yaml --set epochs=3 &
 step_pid=$!
@@ -90,6 +99,11 @@ while true; do
     kill -0 "$step_pid" 2>/dev/null || break
 done
 kill "$timer_pid" 2>/dev/null || true
+
+# A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
+if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+    python3 -m nodescale.launch.first_failure "$PBS_JOBID" "$ranks_log" 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $PBS_JOBID\` shows each rank's lines"
+fi
 
 # Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
 if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then

@@ -76,7 +76,7 @@ trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$
 # --cpus-per-task again: Slurm 22.05 to 23.02 do not pass the job's value on to steps.
 # --kill-on-bad-exit: one failed task ends the step, not leaving the others waiting.
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
-srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=6 --kill-on-bad-exit=1 \
+srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=6 --label --kill-on-bad-exit=1 \
     bash -c '
         trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
         # On every node. The first hosts the store (is_host=1); local_addr is this node as the others
@@ -84,9 +84,13 @@ srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=6 --kill-on-bad-exit=1 \
         node_rank=$SLURM_NODEID
         if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi
         local_addr=$(python3 -c "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)
+        exec 2>&1  # one stream per rank: its traceback stays in order with its other lines
+        export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank\${rank}]:"  # with --tee=3: each line its rank
+        # Each rank bound to the NUMA node of its GPU, where this torch and this node allow it (numa_binding.py).
+        numa_binding=$(python3 -m nodescale.launch.numa_binding 2>/dev/null) || numa_binding=
         exec torchrun --nnodes=2 --nproc-per-node=4 \
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
-            --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --no-python "$@"
+            --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --tee=3 $numa_binding --no-python "$@"
     ' \
     nodescale-node nodescale train --config /home/user/project/resnet.yaml --set epochs=3 &
 step_pid=$!
@@ -95,6 +99,11 @@ while true; do
     wait "$step_pid" && step_status=0 || step_status=$?
     kill -0 "$step_pid" 2>/dev/null || break
 done
+
+# A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
+if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+    python3 -m nodescale.launch.first_failure "$SLURM_JOB_ID" /home/user/project/runs/resnet-ddp/slurm-"$SLURM_JOB_ID".out /home/user/project/runs/resnet-ddp/slurm-"$SLURM_JOB_ID".err 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $SLURM_JOB_ID\` shows each rank's lines"
+fi
 
 # Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
 if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
