@@ -12,6 +12,7 @@ import warnings
 
 from nodescale.errors import UserError
 from nodescale.launch.envcheck import EnvWarning, check_env
+from nodescale.launch.restarts import check_restarts
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # What a project/account looks like on each built-in cluster, for the hint when it is missing.
@@ -85,5 +86,6 @@ def check_job(spec: JobSpec, preset: Preset) -> None:
                             f"({asked / 3600:g} h > {limit / 3600:g} h)",
                             f"ask for --time {preset.max_time} or less; checkpoints let the next job resume")
 
+    check_restarts(spec, preset)
     for warning in check_env({**preset.env, **spec.env}):
         warnings.warn(warning, EnvWarning, stacklevel=2)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import requeue, shell, startup
+from nodescale.launch import requeue, restarts, shell, startup
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # PBS Pro refuses longer job names.
@@ -137,8 +137,10 @@ def mpiexec_words(spec: JobSpec, preset: Preset, total: int, per_node: int, env_
 
 def run_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[list[str]]:
     """The launch; with requeue, in the background with the signal passed on and ``qrerun`` after it."""
+    if restarts.enabled(spec):
+        env_names = [*env_names, *restarts.VARIABLES]
     if not spec.requeue:
-        return [launch_lines(spec, preset, env_names)]
+        return [_restart_loop(spec, launch_lines(spec, preset, env_names))]
     lead = spec.stop_warning_s
     timer_at = walltime_seconds(spec.time) - lead
     why = [
@@ -153,10 +155,14 @@ def run_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[list[
         timer = stop_timer = []
     return [
         [*why, *requeue.marker_lines(str(spec.job_dir), "PBS_JOBID"), *timer],
-        [*requeue.background_launch(launch_lines(spec, preset, [*env_names, requeue.REQUEUE_FILE_VARIABLE])),
-         *stop_timer],
+        [*_restart_loop(spec, requeue.background_launch(
+            launch_lines(spec, preset, [*env_names, requeue.REQUEUE_FILE_VARIABLE]))), *stop_timer],
         requeue.requeue_lines('qrerun "$PBS_JOBID"', "rerunning PBS job $PBS_JOBID"),
     ]
+
+
+def _restart_loop(spec: JobSpec, run: list[str]) -> list[str]:
+    return restarts.pbs_loop(spec, run) if restarts.enabled(spec) else run
 
 
 def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[str]:
