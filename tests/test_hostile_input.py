@@ -214,7 +214,8 @@ def test_cli_train_refuses_before_starting(flags: list[str]) -> None:
 
 launch_options = st.lists(st.one_of(
     st.tuples(st.sampled_from(["--scheduler", "--cluster", "--nodes", "--gpus-per-node", "--nproc-per-node", "--mode",
-                               "--time", "--account", "--queue", "--job-name", "--job-dir", "--env"]),
+                               "--time", "--account", "--queue", "--job-name", "--job-dir", "--env",
+                               "--max-restarts", "--spare-nodes", "--checkpoint-every", "--out"]),
               st.one_of(st.sampled_from(["slurm", "pbs", "local", "puhti", "lumi", "derecho", "generic-slurm",
                                          "generic-pbs", "1", "2", "0", "-1", "torchrun", "per-gpu", "spawn",
                                          "01:00:00", "1-00:00:00", "99:99:99", "A=B", "NCCL_DEBG=INFO",

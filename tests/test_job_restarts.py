@@ -8,13 +8,13 @@ PBS loop runs under real mpiexec (pbs_run), and the rendered text is pinned by g
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -24,15 +24,10 @@ from nodescale.errors import UserError
 from nodescale.launch.presets import load_preset
 from nodescale.launch.render_pbs import render_pbs
 from nodescale.launch.render_slurm import render_slurm
-from nodescale.launch.schedulers.local_launcher import threads_per_process
 from nodescale.launch.spec import JobSpec
 from scheduler_fixtures import SlurmCluster
+from test_hostile_input import run_main
 from test_launch_schedulers import finish, isolated, launch_slurm, slurm, submitted  # noqa: F401
-
-if TYPE_CHECKING:
-    from engine_runs import TwoRankRun
-
-pytest_plugins = ["engine_runs"]
 
 GOLDEN = golden_files.GOLDEN_ROOT / "restarts"
 
@@ -71,9 +66,10 @@ def test_restart_settings_in_the_script_and_refusals(tmp_path: Path) -> None:
     assert "-x NODESCALE_RESTART_COUNT" in GOLDEN_CASES["pbs-openmpi-torchrun"]()
 
     def refused(*argv: str) -> str:
-        result = run_cli(["launch", "--dry-run", *argv], cwd=tmp_path, check=False)
-        assert result.returncode == 2 and "Traceback" not in result.stderr, result
-        return result.stderr
+        with contextlib.chdir(tmp_path):
+            code, _, stderr = run_main(["launch", "--dry-run", *argv])
+        assert code == 2 and "Traceback" not in stderr, stderr
+        return stderr
 
     assert "PBS Pro cannot take a failed node out" in refused(
         "--scheduler", "pbs", "--max-restarts", "1", "--spare-nodes", "1", "--", "true")
@@ -125,12 +121,13 @@ def test_pbs_loop_reruns_mpiexec_and_stops_on_a_user_error(tmp_path: Path, pbs_r
 # --- the local Slurm cluster ---------------------------------------------------------------------------
 
 
-def _first_checkpoint(run_dir: Path) -> bool:
+def checkpoint_steps(run_dir: Path) -> list[int]:
     try:
-        return any(json.loads(line).get("kind") == "checkpoint"
-                   for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.endswith("}"))
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        return [record["step"] for record in map(json.loads, (line for line in lines if line.endswith("}")))
+                if record.get("kind") == "checkpoint"]
     except (OSError, ValueError):
-        return False
+        return []
 
 
 def kill_step_on_node(job_id: str, node: str) -> list[int]:
@@ -153,31 +150,38 @@ def kill_step_on_node(job_id: str, node: str) -> list[int]:
     return killed
 
 
+TRAIN = ["nodescale", "train", "--epochs", "20", "--max-steps", "100", "--checkpoint-every", "20", "--keep-last", "9",
+         "--seed", "0", "--set", "data.num_workers=0", "--no-progress", "--out", "run", "--heartbeat-timeout", "0"]
+
+
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_slurm_job_restarts_without_the_killed_node(slurm: SlurmCluster, tmp_path: Path,  # noqa: F811
-                                                    uninterrupted_two_rank_run: TwoRankRun) -> None:
-    args = [word for word in uninterrupted_two_rank_run.args[1:] if word not in ("--nproc", "2")]
+def test_slurm_job_restarts_without_the_killed_node(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    """node1's processes killed after the step-40 checkpoint, whose file is then kept aside and removed: the
+    restart resumes from step 20, on node2 and node3, and trains step 40 again to the same weights."""
     result = launch_slurm(tmp_path, "--nodes", "2", "--gpus-per-node", "0", "--nproc-per-node", "1",
-                          "--max-restarts", "1", "--spare-nodes", "1",
-                          # The threads of the uninterrupted run's local launcher: the same sums, the same weights.
-                          "--env", f"OMP_NUM_THREADS={threads_per_process(2)}",
-                          command=["nodescale", "train", *args, "--out", "run", "--heartbeat-timeout", "0"])
+                          "--max-restarts", "1", "--spare-nodes", "1", command=TRAIN)
     job_id, _, log = submitted(result.stdout)
+    checkpoints = tmp_path / "run" / "checkpoints"
     try:
         deadline = time.monotonic() + 150
-        while not _first_checkpoint(tmp_path / "run"):
+        while 40 not in checkpoint_steps(tmp_path / "run"):
             assert time.monotonic() < deadline, log.read_text(errors="replace") if log.exists() else "no log"
             time.sleep(0.005)
         assert kill_step_on_node(job_id, "node1"), "no process of node1's step found"
+        uninterrupted = final_weights(checkpoints / "step-00000040.pt")
+        for path in checkpoints.iterdir():  # the restart resumes from step 20 (a save under way is removed too)
+            if not path.name.startswith("step-00000020"):
+                path.unlink()
         output = finish(slurm, job_id, log, timeout=180)
     finally:
         slurm.command("scancel", job_id, check=False)
     assert "nodescale: step on node1,node2, rendezvous" in output, output
     assert "nodescale: leaving node node1 out: its processes died (node1: task 0: Killed)" in output, output
     assert "nodescale: step on node2,node3 (left out: node1)" in output, output
-    assert "restart 1 of 1 after node node1 failed" in output, output
-    assert max_difference(final_weights(uninterrupted_two_rank_run.path), final_weights(tmp_path / "run")) == 0.0
+    assert "restart 1 of 1 after node node1 failed (node1: task 0: Killed): resuming from step-00000020.pt" in output
+    assert max_difference(uninterrupted, final_weights(checkpoints / "step-00000040.pt")) == 0.0
+    assert (checkpoints / "step-00000100.pt").is_file()
 
 
 @pytest.mark.multiproc

@@ -166,12 +166,13 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _refuse_misplaced_flags(args: argparse.Namespace, command: list[str], scheduler: str) -> None:
-    """launch takes --max-restarts; `nodescale train` takes the checkpoint flags. Say so for a flag on the wrong side."""
+    """launch takes --max-restarts; `nodescale train` takes the checkpoint flags: say so for a misplaced one."""
     for flag in TRAIN_FLAGS:
         if getattr(args, f"misplaced_{flag[2:].replace('-', '_')}") is not None:
             raise UserError(f"nodescale launch {flag}", "is a flag of `nodescale train`, not of launch",
                             f"put it after --: nodescale launch --max-restarts 2 -- nodescale train {flag} ...")
-    if scheduler != "local" and command[:2] == ["nodescale", "train"] and any(word.split("=")[0] == "--max-restarts" for word in command):
+    train_restarts = any(word.split("=")[0] == "--max-restarts" for word in command[2:])
+    if scheduler != "local" and command[:2] == ["nodescale", "train"] and train_restarts:
         raise UserError(f"nodescale train --max-restarts in a {scheduler} job",
                         "restarts belong to the launcher: the job restarts the processes, not train",
                         "give --max-restarts to launch, before --: nodescale launch --max-restarts 2 -- "
