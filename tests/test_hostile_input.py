@@ -219,7 +219,7 @@ NEW_LAUNCH_FLAGS = ["--mem", "--constraint", "--exclude", "--nodelist", "--qos",
 launch_options = st.lists(st.one_of(
     st.tuples(st.sampled_from(["--scheduler", "--cluster", "--nodes", "--gpus-per-node", "--nproc-per-node", "--mode",
                                "--time", "--account", "--queue", "--job-name", "--job-dir", "--env",
-                               *NEW_LAUNCH_FLAGS]),
+                               *NEW_LAUNCH_FLAGS, "--max-restarts", "--spare-nodes", "--checkpoint-every", "--out"]),
               st.one_of(st.sampled_from(["slurm", "pbs", "local", "puhti", "lumi", "derecho", "generic-slurm",
                                          "generic-pbs", "1", "2", "0", "-1", "torchrun", "per-gpu", "spawn",
                                          "01:00:00", "1-00:00:00", "99:99:99", "A=B", "NCCL_DEBG=INFO",
@@ -275,7 +275,8 @@ STUBS = {
     "srun": 'while [[ $# -gt 0 && $1 == --* ]]; do shift; done\n'
             'export SLURM_NODEID=0 SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1\nexec "$@"',
     "scontrol": 'if [[ $2 == hostnames ]]; then echo localhost; else echo "NodeName=$3 NodeAddr=127.0.0.1"; fi',
-    "mpiexec": 'while [[ $# -gt 0 && $1 == -* ]]; do shift 2; done\n'
+    "mpiexec": 'while [[ $# -gt 0 && $1 == -* ]]; do case $1 in --label|-prepend-rank|--tag-output) shift ;; '
+               '*) shift 2 ;; esac; done\n'
                'export PALS_RANKID=0 PALS_LOCAL_RANKID=0 PALS_NODEID=0 PMI_RANK=0\nexec "$@"',
     "torchrun": 'while [[ $1 != --no-python ]]; do shift; done\nshift\n'
                 'export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1\nexec "$@"',

@@ -46,11 +46,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-requeue", dest="requeue", action="store_false",
                         help="Slurm/PBS: no stop signal before the wall time and no requeue")
     launch_flags.add_flags(parser)
+    parser.add_argument("--max-restarts", metavar="N", default=None,
+                        help="run the job's processes again after a failure, up to N times (not after a user "
+                             "error); `nodescale train` resumes from its newest checkpoint: give train --out DIR "
+                             "and --checkpoint-every K after --")
+    parser.add_argument("--spare-nodes", metavar="K", default=None,
+                        help="Slurm: ask for K more nodes; a restart runs on them instead of a failed node")
+    for flag in TRAIN_FLAGS:  # train's flags, given to launch by mistake: say where they go
+        parser.add_argument(flag, dest=f"misplaced_{flag[2:].replace('-', '_')}", nargs="?", const="",
+                            default=None, help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND...")
     parser.set_defaults(handler=run)
 
 
 DEFAULT_STOP_WARNING_S = 120
+# Checkpoint flags of `nodescale train`, which launch refuses with the place they belong.
+TRAIN_FLAGS = ("--checkpoint-every", "--resume", "--out", "--keep-last")
 
 
 def _count(flag: str, text: str | list[str] | None, minimum: int = 1) -> int | None:
@@ -102,6 +113,7 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
         preset = load_preset(args.cluster or BATCH[str(scheduler)].default_preset)
         scheduler = scheduler or preset.scheduler
     scheduler = scheduler or "local"
+    _refuse_misplaced_flags(args, command, scheduler)
     gpus = _count("--gpus-per-node", args.gpus_per_node, minimum=0)
     if gpus is None:
         gpus = preset.gpus_per_node if preset is not None else _local_gpus()
@@ -124,6 +136,8 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
             requeue=args.requeue,
             stop_warning_s=(DEFAULT_STOP_WARNING_S if args.stop_warning is None
                             else _count("--stop-warning", args.stop_warning, minimum=0)),
+            max_restarts=_count("--max-restarts", args.max_restarts, minimum=0) or 0,
+            spare_nodes=_count("--spare-nodes", args.spare_nodes, minimum=0) or 0,
             workdir=workdir,
             job_dir=(workdir / args.job_dir).resolve(),
             options=launch_flags.scheduler_options(args),
@@ -153,6 +167,20 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
                         f"would run 1 process, not {spec.nproc_per_node}",
                         "use --mode torchrun (the default) or --mode per-gpu")
     return spec, preset
+
+
+def _refuse_misplaced_flags(args: argparse.Namespace, command: list[str], scheduler: str) -> None:
+    """launch takes --max-restarts; `nodescale train` takes the checkpoint flags: say so for a misplaced one."""
+    for flag in TRAIN_FLAGS:
+        if getattr(args, f"misplaced_{flag[2:].replace('-', '_')}") is not None:
+            raise UserError(f"nodescale launch {flag}", "is a flag of `nodescale train`, not of launch",
+                            f"put it after --: nodescale launch --max-restarts 2 -- nodescale train {flag} ...")
+    train_restarts = any(word.split("=")[0] == "--max-restarts" for word in command[2:])
+    if scheduler != "local" and command[:2] == ["nodescale", "train"] and train_restarts:
+        raise UserError(f"nodescale train --max-restarts in a {scheduler} job",
+                        "restarts belong to the launcher: the job restarts the processes, not train",
+                        "give --max-restarts to launch, before --: nodescale launch --max-restarts 2 -- "
+                        "nodescale train --out DIR --checkpoint-every K")
 
 
 def _local_gpus() -> int:

@@ -60,9 +60,13 @@ def find_logs(job: str) -> JobLogs:
         else:
             paths = [log, log.with_suffix(".err")]
 
+        unlisted = [0]
+
         def ended() -> bool:
             state = BATCH[record.scheduler].status([record.job_id]).get(record.job_id)
-            return state is None or state in ENDED
+            # Not listed: gone long ago, or a scheduler that did not answer in time. Three polls in a row decide.
+            unlisted[0] = unlisted[0] + 1 if state is None else 0
+            return unlisted[0] >= 3 or state in ENDED
 
         return JobLogs(record.job_id, paths, script_is_torchrun(Path(record.script)), ended)
     path = Path(job)

@@ -74,11 +74,14 @@ def _warn_about_restarts_under_a_launcher(cfg: RunConfig, source: str) -> None:
 
     if cfg.checkpoint.max_restarts:
         warnings.warn(f"--max-restarts ignored: {source} started the processes, so it restarts them "
-                      "(torchrun --max-restarts N; nodescale resumes restarted workers from the newest checkpoint)",
+                      "(nodescale launch --max-restarts N, or torchrun --max-restarts N; nodescale resumes "
+                      "restarted workers from the newest checkpoint)",
                       stacklevel=2)
+    # torchrun's agent, or a job script's restart loop (nodescale launch --max-restarts).
     restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    restarts = os.environ.get("NODESCALE_MAX_RESTARTS", "0") if restarts == "0" else restarts
     if cfg.out is None and current_restart() is None and restarts.isdigit() and int(restarts) > 0:
-        warnings.warn("torchrun may restart the workers, but without --out each attempt starts a new run "
+        warnings.warn("the launcher may restart the workers, but without --out each attempt starts a new run "
                       "directory and cannot resume from the last one's checkpoints: pass --out DIR", stacklevel=2)
 
 

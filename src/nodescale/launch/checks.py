@@ -13,6 +13,7 @@ import warnings
 from nodescale.errors import UserError
 from nodescale.launch.envcheck import EnvWarning, check_env
 from nodescale.launch.software import warn_without_container
+from nodescale.launch.restarts import check_restarts
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # What a project/account looks like on each built-in cluster, for the hint when it is missing.
@@ -86,6 +87,7 @@ def check_job(spec: JobSpec, preset: Preset) -> None:
                             f"({asked / 3600:g} h > {limit / 3600:g} h)",
                             f"ask for --time {preset.max_time} or less; checkpoints let the next job resume")
 
+    check_restarts(spec, preset)
     for warning in check_env({**preset.env, **spec.env}):
         warnings.warn(warning, EnvWarning, stacklevel=2)
     warn_without_container(spec, preset)

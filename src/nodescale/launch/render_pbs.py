@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import option_directives, rank_labels, requeue, shell, software, startup
+from nodescale.launch import option_directives, rank_labels, requeue, restarts, shell, software, startup
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # PBS Pro refuses longer job names.
@@ -144,8 +144,11 @@ def mpiexec_words(spec: JobSpec, preset: Preset, total: int, per_node: int, env_
 def run_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[list[str]]:
     """The launch; with requeue, in the background with the signal passed on and ``qrerun`` after it."""
     failed = rank_labels.failure_lines("PBS_JOBID", ['"$ranks_log"'])
+    if restarts.enabled(spec):
+        env_names = [*env_names, *restarts.VARIABLES]
     if not spec.requeue:
-        return [rank_labels.with_status(launch_lines(spec, preset, env_names)), [*failed, 'exit "$step_status"']]
+        return [_restart_loop(spec, rank_labels.with_status(launch_lines(spec, preset, env_names))),
+                [*failed, 'exit "$step_status"']]
     lead = spec.stop_warning_s
     timer_at = walltime_seconds(spec.time) - lead
     why = [
@@ -160,11 +163,15 @@ def run_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[list[
         timer = stop_timer = []
     return [
         [*why, *requeue.marker_lines(str(spec.job_dir), "PBS_JOBID"), *timer],
-        [*requeue.background_launch(launch_lines(spec, preset, [*env_names, requeue.REQUEUE_FILE_VARIABLE])),
-         *stop_timer],
+        [*_restart_loop(spec, requeue.background_launch(
+            launch_lines(spec, preset, [*env_names, requeue.REQUEUE_FILE_VARIABLE]))), *stop_timer],
         failed,
         requeue.requeue_lines('qrerun "$PBS_JOBID"', "rerunning PBS job $PBS_JOBID"),
     ]
+
+
+def _restart_loop(spec: JobSpec, run: list[str]) -> list[str]:
+    return restarts.pbs_loop(spec, run) if restarts.enabled(spec) else run
 
 
 def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[str]:

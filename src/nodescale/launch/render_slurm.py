@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import option_directives, rank_labels, requeue, shell, software, startup
+from nodescale.launch import option_directives, rank_labels, requeue, restarts, shell, software, startup
 from nodescale.launch.spec import JobSpec, Preset
 
 # The job's logs, inside spec.job_dir; %j is Slurm's job id.
@@ -57,7 +57,7 @@ def directives(spec: JobSpec, preset: Preset) -> list[str]:
     tasks = startup.tasks_per_node(spec)
     options = [
         f"--job-name={shell.safe_job_name(spec.job_name)}",
-        f"--nodes={spec.nodes}",
+        f"--nodes={spec.nodes + spec.spare_nodes}",
         f"--ntasks-per-node={tasks}",
         f"--cpus-per-task={startup.cpus_per_task(spec, preset)}",
     ]
@@ -74,6 +74,7 @@ def directives(spec: JobSpec, preset: Preset) -> list[str]:
         # are appended to: a requeued job writes the same files again. Before the preset's lines,
         # which may override them.
         options += [f"--signal=B:{requeue.SIGNAL}@{spec.stop_warning_s}", "--requeue", "--open-mode=append"]
+    options += restarts.slurm_directives(spec)
     options += option_directives.slurm_lines(spec, preset, word)  # the preset's, less what the command line sets
     return options
 
@@ -114,10 +115,18 @@ def word(value: str, what: str) -> str:
 
 
 def run_lines(spec: JobSpec, preset: Preset) -> list[list[str]]:
-    """The launch; with requeue, in the background with the signal passed on and requeue after it."""
+    """The launch (in a restart loop with ``--max-restarts``, :mod:`nodescale.launch.restarts`), then the
+    failure summary; with requeue, in the background with the signal passed on, and requeue after it."""
     failed = rank_labels.failure_lines("SLURM_JOB_ID", rank_labels.slurm_logs(str(spec.job_dir)))
+    launch = launch_lines(spec, preset)
+    if restarts.enabled(spec):
+        launch = restarts.with_srun_report(launch)
+    run = requeue.background_launch(launch) if spec.requeue else rank_labels.with_status(launch)
+    if restarts.enabled(spec):
+        given = shell.merged_env(preset.env, spec.env)
+        run = restarts.slurm_loop(spec, run, None if "MASTER_ADDR" in given else _HEAD[2:])
     if not spec.requeue:
-        return [rank_labels.with_status(launch_lines(spec, preset)), [*failed, 'exit "$step_status"']]
+        return [run, [*failed, 'exit "$step_status"']]
     why = [
         f"# Preemption and wall time: Slurm sends {requeue.SIGNAL} {spec.stop_warning_s} s before the end (or "
         f"`scancel --signal={requeue.SIGNAL} --batch`);",
@@ -125,9 +134,10 @@ def run_lines(spec: JobSpec, preset: Preset) -> list[list[str]]:
     ]
     return [
         [*why, *requeue.marker_lines(str(spec.job_dir), "SLURM_JOB_ID")],
-        requeue.background_launch(launch_lines(spec, preset)),
+        run,
         failed,
-        requeue.requeue_lines('scontrol requeue "$SLURM_JOB_ID"', 'requeueing Slurm job $SLURM_JOB_ID'),
+        requeue.requeue_lines(restarts.SLURM_REQUEUE if restarts.enabled(spec) else 'scontrol requeue "$SLURM_JOB_ID"',
+                              'requeueing Slurm job $SLURM_JOB_ID'),
     ]
 
 
@@ -140,7 +150,7 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
     why = ["# --cpus-per-task again: Slurm 22.05 to 23.02 do not pass the job's value on to steps."]
     ignore = [requeue.IGNORE_LINE] if spec.requeue else []
     if spec.mode == "spawn":
-        launcher = ["srun", "--nodes=1", "--ntasks=1", *options]
+        launcher = ["srun", "--nodes=1", "--ntasks=1", *restarts.srun_options(spec), *options]
         comment = ["# Spawn mode: the command runs once, on one node, and starts its own processes.", *why]
         spawn_script = [*ignore, 'exec "$@"'] if ignore else None
         return [*comment, *startup.launch_command(launcher, preset.container, spawn_script, "nodescale-spawn",
@@ -148,13 +158,15 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
     options.append("--kill-on-bad-exit=1")
     why.append("# --kill-on-bad-exit: one failed task ends the step, not leaving the others waiting.")
     if spec.mode == "torchrun":
-        launcher = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", *options]
+        launcher = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", *restarts.srun_options(spec, spec.nodes),
+                    *options]
         script = startup.torchrun_script(spec.nodes, spec.nproc_per_node, "$SLURM_NODEID", "$SLURM_JOB_ID",
                                          gpus=spec.gpus_per_node > 0)
         comment = [f"# torchrun mode: one torchrun per node, each starting {spec.nproc_per_node} processes."]
         name = "nodescale-node"
     else:
-        launcher = ["srun", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.nproc_per_node}", *options]
+        launcher = ["srun", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.nproc_per_node}",
+                    *restarts.srun_options(spec, spec.world_size), *options]
         script = startup.per_task_script("$SLURM_PROCID", "$SLURM_LOCALID", "$SLURM_NTASKS", spec.nproc_per_node,
                                          "$SLURM_NODEID")
         comment = ["# per-gpu mode: one Slurm task per process, given torchrun's variables from Slurm's."]

@@ -197,6 +197,11 @@ def port_program() -> str:
             f"(int(m[1]) + int(m[2] or 0) if m else zlib.crc32(j.encode())) % {JOB_PORT_SPAN})")
 
 
+def master_addr_line() -> str:
+    """MASTER_ADDR from ``$head_addr``: its IPv4 address, or the name as it is where it does not resolve."""
+    return f'MASTER_ADDR=$(python3 -c {quote(IPV4_PROGRAM)} "$head_addr" 2>/dev/null) || MASTER_ADDR=$head_addr'
+
+
 def rendezvous_block(
     head_lines: Sequence[str], job_id_var: str, given: Collection[str], why_head: Sequence[str]
 ) -> list[str]:
@@ -214,8 +219,7 @@ def rendezvous_block(
     if "MASTER_ADDR" in given:
         lines.append("# MASTER_ADDR is set explicitly above; kept.")
     else:
-        lines += [*head_lines,
-                  f'MASTER_ADDR=$(python3 -c {quote(IPV4_PROGRAM)} "$head_addr" 2>/dev/null) || MASTER_ADDR=$head_addr']
+        lines += [*head_lines, master_addr_line()]
     if "MASTER_PORT" in given:
         lines.append("# MASTER_PORT is set explicitly above; kept.")
     else:

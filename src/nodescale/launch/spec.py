@@ -89,6 +89,10 @@ class JobSpec(Strict):
     requeue: bool = Field(True, description="stop signal ahead of the wall time, checkpoint, and requeue on exit "
                           "code 3 (nodescale.stop_signals.EXIT_REQUEUE)")
     stop_warning_s: int = Field(120, ge=0, description="seconds before the wall time the ranks are told to stop")
+    max_restarts: int = Field(0, ge=0, description="Slurm/PBS/local: run the step again this often after a failure "
+                              "(not after a user error); the ranks resume from the newest checkpoint")
+    spare_nodes: int = Field(0, ge=0, description="Slurm: nodes asked for on top of --nodes, that take a failed "
+                             "node's place on restart")
     workdir: Path = Field(description="directory the job runs in (cd there first)")
     job_dir: Path = Field(description="where the script and the logs go")
     options: SchedulerOptions = Field(default_factory=SchedulerOptions, description="--mem, --qos, ... over the "

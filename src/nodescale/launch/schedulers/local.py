@@ -31,9 +31,17 @@ class Local(Scheduler):
                             "use --scheduler slurm or pbs (and --cluster) for several nodes")
         for warning in check_env(spec.env):
             warnings.warn(warning, stacklevel=2)
+        if spec.spare_nodes:
+            raise UserError(f"--spare-nodes {spec.spare_nodes} with --scheduler local", "a local run has one node",
+                            "drop --spare-nodes; --max-restarts restarts the local processes")
+        if spec.mode == "spawn" and spec.max_restarts:
+            raise UserError(f"--max-restarts {spec.max_restarts} with --mode spawn and --scheduler local",
+                            "the command starts its own processes here, so nodescale cannot restart them",
+                            "use --mode torchrun, or restart inside the command")
         argv = list(spec.command)
-        if spec.mode != "spawn" and spec.nproc_per_node > 1:
-            argv = local_launcher.command_line(spec.nproc_per_node, spec.command)
+        if spec.mode != "spawn" and (spec.nproc_per_node > 1 or spec.max_restarts):
+            # One process with restarts runs as one restartable worker, as `nodescale train --max-restarts` does.
+            argv = local_launcher.command_line(spec.nproc_per_node, spec.command, spec.max_restarts)
         return DryRun(spec, tuple(argv), dict(spec.env))
 
     def submit(self, dryrun: DryRun) -> NoReturn:

@@ -177,9 +177,10 @@ def run_cli_locally(argv: Sequence[str], nproc: int) -> int:
     return launch_local([sys.executable, "-u", "-m", "nodescale", *argv], nproc, preload=("torch.distributed",))
 
 
-def command_line(nproc: int, command: Sequence[str]) -> list[str]:
+def command_line(nproc: int, command: Sequence[str], max_restarts: int = 0) -> list[str]:
     """The command that runs ``command`` in ``nproc`` local processes (what ``nodescale launch`` executes)."""
-    return [sys.executable, "-m", __name__, f"--nproc-per-node={nproc}", "--", *command]
+    restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
+    return [sys.executable, "-m", __name__, f"--nproc-per-node={nproc}", *restarts, "--", *command]
 
 
 def main(argv: Sequence[str]) -> int:
@@ -188,12 +189,13 @@ def main(argv: Sequence[str]) -> int:
 
     parser = argparse.ArgumentParser(description="nodescale's local launcher: COMMAND in N local processes")
     parser.add_argument("--nproc-per-node", type=int, required=True)
+    parser.add_argument("--max-restarts", type=int, default=0)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         # Any script's rank 0 would serve the store on every interface: a store process serves it on loopback.
-        return launch_local(command, args.nproc_per_node, store_process=True)
+        return launch_local(command, args.nproc_per_node, args.max_restarts, store_process=True)
     except UserError as exc:
         print(f"nodescale: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
