@@ -44,6 +44,7 @@ class Partition:
 
     name: str
     nodes: tuple[Node, ...]
+    kind: str = "partition"  # what the scheduler calls it, for the messages: partition, queue, allocation
     max_time: str | None = None  # as the scheduler writes it, for the message; None: no limit
     max_time_s: int | None = None
     max_nodes: int | None = None  # the most nodes one job may have, where the partition says
@@ -89,7 +90,7 @@ def memory_mb(value: object) -> int | None:
 
 def fit_job(spec: JobSpec, preset: Preset, partition: Partition) -> Preset:
     """``preset`` sized to ``partition`` (generic presets only); UserError for a request it cannot meet."""
-    where = f"partition {partition.name}" if preset.scheduler == "slurm" else f"queue {partition.name}"
+    where = f"{partition.kind} {partition.name}"
     nodes = list(partition.nodes)
     _check_count(spec, where, len(nodes), partition.max_nodes)
 

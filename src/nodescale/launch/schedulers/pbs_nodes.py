@@ -45,7 +45,7 @@ def parse_queue(text: str, queue: str, nodes: tuple[Node, ...]) -> Partition:
     limits = ((_json(text).get("Queue") or {}).get(queue) or {}).get("resources_max") or {}
     walltime = limits.get("walltime")
     nodect = limits.get("nodect")
-    return Partition(name=queue, nodes=nodes, max_time=walltime,
+    return Partition(name=queue, nodes=nodes, kind="queue", max_time=walltime,
                      max_time_s=clock_seconds(str(walltime)) if walltime else None,
                      max_nodes=_int(nodect) if nodect is not None else None)
 
@@ -57,7 +57,7 @@ def read_queue(queue: str | None) -> Partition | Unreachable:
         return nodes
     found = parse_nodes(nodes, queue)
     if not queue:
-        return Partition(name="(default)", nodes=found)
+        return Partition(name="(default)", nodes=found, kind="queue")
     limits = client_output("qstat", "-Q", "-f", "-F", "json", queue)
     if isinstance(limits, Unreachable):
         return limits
