@@ -16,7 +16,7 @@ from nodescale.launch.presets import load_preset
 from nodescale.launch.render_slurm import render_slurm
 from nodescale.launch.schedulers.allocation import cpus_per_node, pbs_allocation, slurm_allocation
 from nodescale.launch.schedulers.pbs_nodes import parse_nodes, parse_queue, size_mb
-from nodescale.launch.schedulers.slurm_nodes import gres_gpus, parse_partition
+from nodescale.launch.schedulers.slurm_nodes import gres_gpus, parse_partition, records
 from nodescale.launch.spec import JobSpec
 
 # `scontrol show partition -o debug` and `scontrol show node -o node[1-2]` of Slurm 22.05 (shortened).
@@ -54,11 +54,10 @@ def two_cpu_partition(**changes) -> Partition:
 
 
 def test_scontrol_records_are_parsed() -> None:
-    partition = parse_partition(PARTITION, NODES)
+    partition = parse_partition(records(PARTITION)[0], NODES)
     assert partition.name == "debug" and partition.max_time is None and partition.max_nodes is None
     assert partition.nodes == (Node("node1", 2, 0, 2000), Node("node2", 2, 0, 2000))
-    limited = parse_partition(PARTITION.replace("MaxTime=UNLIMITED", "MaxTime=2-00:00:00")
-                              .replace("MaxNodes=UNLIMITED", "MaxNodes=16"), NODES)
+    limited = parse_partition({**records(PARTITION)[0], "MaxTime": "2-00:00:00", "MaxNodes": "16"}, NODES)
     assert (limited.max_time, limited.max_time_s, limited.max_nodes) == ("2-00:00:00", 2 * 86400, 16)
     assert gres_gpus("gpu:4") == 4 and gres_gpus("gpu:a100:4(S:0-1)") == 4 and gres_gpus("(null)") == 0
     assert gres_gpus("gpu:a100:2,gpu:v100:2,nvme:1") == 4 and gres_gpus("gpu:a100:2,gpu:v100:3", "v100") == 3

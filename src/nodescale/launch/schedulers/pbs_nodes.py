@@ -58,7 +58,7 @@ def read_queue(queue: str | None) -> Partition | Unreachable:
     found = parse_nodes(nodes, queue)
     if not queue:
         return Partition(name="(default)", nodes=found, kind="queue")
-    limits = client_output("qstat", "-Q", "-f", "-F", "json", queue)
+    limits = client_output("qstat", "-Q", "-f", "-F", "json")  # every queue: --queue stays out of argv
     if isinstance(limits, Unreachable):
         return limits
     return parse_queue(limits, queue, found)

@@ -1,6 +1,6 @@
 """A Slurm partition's nodes as ``scontrol`` reports them, for :mod:`nodescale.launch.partition_fit`.
 
-Two calls: ``scontrol show partition -o [NAME]`` (its nodes, MaxTime, MaxNodes; the Default=YES
+Two calls: ``scontrol show partition -o`` (the partition's nodes, MaxTime, MaxNodes; the Default=YES
 partition when the job names none), then ``scontrol show node -o NODES`` (CPUTot, Gres,
 RealMemory). ``-o`` prints one record per line as KEY=VALUE words; the parsers are pure.
 """
@@ -33,9 +33,8 @@ def gres_gpus(gres: str, gpu_type: str | None = None) -> int:
     return total
 
 
-def parse_partition(partition_text: str, node_text: str, gpu_type: str | None = None) -> Partition:
-    """The partition of ``scontrol show partition -o NAME`` with the nodes of ``scontrol show node -o``."""
-    fields = records(partition_text)[0]
+def parse_partition(fields: dict[str, str], node_text: str, gpu_type: str | None = None) -> Partition:
+    """The partition of a ``scontrol show partition -o`` record with the nodes of ``scontrol show node -o``."""
     nodes = tuple(
         Node(name=node["NodeName"], cpus=int(node.get("CPUTot", "0") or 0),
              gpus=gres_gpus(node.get("Gres", ""), gpu_type),
@@ -52,17 +51,18 @@ def parse_partition(partition_text: str, node_text: str, gpu_type: str | None = 
 
 def read_partition(name: str | None, gpu_type: str | None = None) -> Partition | Unreachable:
     """The partition ``name`` (None: the default partition) as this machine's Slurm reports it."""
-    shown = client_output("scontrol", "show", "partition", "-o", *([name] if name else []))
+    # Every partition, then the one asked for: the user's --queue never reaches scontrol's argv.
+    shown = client_output("scontrol", "show", "partition", "-o")
     if isinstance(shown, Unreachable):
         return shown
-    chosen = [line for line in shown.splitlines()
-              if name or dict(_FIELD.findall(line)).get("Default") == "YES"]
+    partitions = [fields for fields in records(shown) if "PartitionName" in fields]
+    chosen = [fields for fields in partitions
+              if (fields["PartitionName"] == name if name else fields.get("Default") == "YES")]
     if not chosen:
-        return Unreachable("Slurm has no default partition (name one with --queue)")
-    node_list = records(chosen[0])[0].get("Nodes", "")
-    if node_list in ("", "(null)"):
-        return Partition(name=records(chosen[0])[0]["PartitionName"], nodes=())
-    nodes = client_output("scontrol", "show", "node", "-o", node_list)
+        return Unreachable(f"Slurm has no partition {name!r}" if name else
+                           "Slurm has no default partition (name one with --queue)")
+    node_list = chosen[0].get("Nodes", "")
+    nodes = client_output("scontrol", "show", "node", "-o", node_list) if node_list not in ("", "(null)") else ""
     if isinstance(nodes, Unreachable):
         return nodes
     return parse_partition(chosen[0], nodes, gpu_type)
