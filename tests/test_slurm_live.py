@@ -6,7 +6,6 @@ starts a step in that allocation, not a new job. Pure parts: test_cluster_fit.py
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -17,44 +16,25 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_env, run_cli
-from scheduler_fixtures import (
-    SLURM_COMMANDS,
-    SlurmCluster,
-    _short_base,
-    _slurm_local,
-    processes_with,
-    require,
-    search_path,
-)
+from scheduler_fixtures import OwnSlurm, own_slurm_cluster
 
 pytestmark = pytest.mark.multiproc
 
 RANK_LINE = re.compile(r"^RANK (\d+) (\S+) (\d+)$", re.M)
-# Each rank says who it is, where, and in which Slurm job.
-PRINT_RANK = ("import os; print('RANK', os.environ.get('RANK', os.environ.get('SLURM_PROCID')), "
-              "os.environ['SLURMD_NODENAME'], os.environ['SLURM_JOB_ID'], flush=True)")
+# Each rank says who it is, where, and in which Slurm job: in one write, so lines of two ranks never mix.
+PRINT_RANK = ("import os; os.write(1, ' '.join(['RANK', os.environ.get('RANK', os.environ.get('SLURM_PROCID', '?')), "
+              "os.environ['SLURMD_NODENAME'], os.environ['SLURM_JOB_ID']]).encode() + b'\\n')")
 
 
 @pytest.fixture(scope="module")
-def gpuless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+def gpuless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnSlurm]:
     """Two nodes without gres, partitions debug (default, no limit) and short (MaxTime 5 minutes)."""
-    require(SLURM_COMMANDS, "the live-cluster tests")
-    base = _short_base(tmp_path_factory)
-    started = _slurm_local("up", str(base), "2", "0", "00:05:00")
-    try:
-        if started.returncode != 0:
-            pytest.fail(f"slurm-local.sh up: {started.stdout}\n{started.stderr}", pytrace=False)
-        env = {"SLURM_CONF": str(base / "slurm.conf"), "PATH": search_path()}
-        yield SlurmCluster(base=base, conf=base / "slurm.conf", nodes=2, cpus_per_node=os.cpu_count() or 1,
-                           gpus_per_node=0, env=env)
-    finally:
-        _slurm_local("down", str(base))
-        for pid in processes_with(str(base)):
-            os.kill(pid, 9)
+    with own_slurm_cluster(tmp_path_factory, nodes=2, gpus=0, short_maxtime="00:05:00") as cluster:
+        yield cluster
 
 
 @pytest.fixture
-def cluster(gpuless: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+def cluster(gpuless: OwnSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OwnSlurm:
     for name, value in gpuless.env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -62,7 +42,7 @@ def cluster(gpuless: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     return gpuless
 
 
-def job_ids(cluster: SlurmCluster) -> set[str]:
+def job_ids(cluster: OwnSlurm) -> set[str]:
     return set(cluster.command("squeue", "-h", "-t", "all", "-o", "%i").stdout.split())
 
 
@@ -71,7 +51,7 @@ def launch(cwd: Path, *options: str, command: list[str]) -> subprocess.Completed
                     "--", *command], cwd=cwd, check=False)
 
 
-def test_requests_no_node_can_meet_are_refused_before_submission(cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_requests_no_node_can_meet_are_refused_before_submission(cluster: OwnSlurm, tmp_path: Path) -> None:
     before = job_ids(cluster)
     refusals = {
         ("--nodes", "3", "--gpus-per-node", "0"): ("partition debug has 2 nodes", "--nodes 2 or fewer"),
@@ -88,7 +68,7 @@ def test_requests_no_node_can_meet_are_refused_before_submission(cluster: SlurmC
 
 
 @pytest.mark.slow
-def test_a_generic_job_is_sized_from_the_live_nodes_and_runs(cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_a_generic_job_is_sized_from_the_live_nodes_and_runs(cluster: OwnSlurm, tmp_path: Path) -> None:
     # The issue's reproduction: generic-slurm asked for --cpus-per-task=16 and pended (PartitionConfig).
     result = launch(tmp_path, "--nodes", "2", "--gpus-per-node", "0", "--time", "00:05:00",
                     command=[sys.executable, "-c", PRINT_RANK])
@@ -110,7 +90,7 @@ def resolves(name: str) -> bool:
 
 
 @pytest.mark.slow
-def test_plain_srun_finds_an_unresolvable_head_node_by_its_node_addr(cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_plain_srun_finds_an_unresolvable_head_node_by_its_node_addr(cluster: OwnSlurm, tmp_path: Path) -> None:
     if resolves("node1"):
         pytest.skip("node1 resolves on this machine: nothing to look up")
     script = tmp_path / "init_script.py"
@@ -127,7 +107,7 @@ def test_plain_srun_finds_an_unresolvable_head_node_by_its_node_addr(cluster: Sl
 
 
 @pytest.mark.slow
-def test_launch_inside_salloc_starts_a_step_there(cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_launch_inside_salloc_starts_a_step_there(cluster: OwnSlurm, tmp_path: Path) -> None:
     before = job_ids(cluster)
     argv = ["salloc", "-N2", "-c2", "--time=3", sys.executable, "-m", "nodescale", "launch", "--scheduler", "slurm",
             "--cluster", "generic-slurm", "--nodes", "2", "--gpus-per-node", "0", "--nproc-per-node", "2",
