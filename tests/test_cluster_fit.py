@@ -156,3 +156,15 @@ def test_an_unresolvable_head_node_is_found_by_its_node_addr() -> None:
         detect(SRUN_RANK_1, resolve=resolve, node_addr=lambda node: "node1-ib")
     with pytest.raises(UserError, match="does not resolve to an address"):
         detect(SRUN_RANK_1, resolve=resolve, node_addr=lambda node: None)
+
+
+def test_without_a_reachable_scheduler_the_preset_is_kept_with_one_line_saying_so(monkeypatch) -> None:
+    from nodescale.launch.schedulers.table import BATCH
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # no pbsnodes, no scontrol: off the cluster
+    for name in ("pbs", "slurm"):
+        preset = load_preset(f"generic-{name}")
+        with pytest.warns(UserWarning, match=f"{name}'s nodes not read .*is not on PATH.*16 cores and 4 GPUs"):
+            dryrun = BATCH[name].dryrun(spec_for(preset.name, scheduler=name, gpus_per_node=4, nproc_per_node=4),
+                                        preset)
+        assert "16" in (dryrun.script or "")

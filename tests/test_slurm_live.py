@@ -6,7 +6,9 @@ starts a step in that allocation, not a new job. Pure parts: test_cluster_fit.py
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -122,3 +124,18 @@ def test_launch_inside_salloc_starts_a_step_there(cluster: OwnSlurm, tmp_path: P
     assert {host for _, host, _ in ranks} == {"node1", "node2"} and {job for _, _, job in ranks} == {allocation}
     assert job_ids(cluster) - before == {allocation}  # no job but salloc's own
     assert "scontrol requeue" not in next((tmp_path / "jobs").glob("*-step-*.sh")).read_text()
+
+
+@pytest.mark.slow
+def test_launch_inside_an_interactive_pbs_job_runs_mpiexec_there(tmp_path: Path, pbs_run) -> None:
+    # qsub -I gives a shell on the first node with the job's variables; PBS_ENVIRONMENT says interactive.
+    shell = tmp_path / "interactive.sh"
+    rank = "import os; os.write(1, ('PBSRANK ' + os.environ['RANK'] + chr(10)).encode())"
+    shell.write_text(f"cd {tmp_path}\nexec {sys.executable} -m nodescale launch --scheduler pbs --cluster generic-pbs "
+                     f"--nodes 2 --gpus-per-node 0 --job-dir jobs -- {sys.executable} -c {shlex.quote(rank)}\n")
+    result = pbs_run(shell, 2, env={"PBS_ENVIRONMENT": "PBS_INTERACTIVE",
+                                    "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    assert result.returncode == 0, result.output
+    assert f"nodescale: in pbs allocation {result.job_id}: starting the job as a step there" in result.output
+    assert sorted(re.findall(r"^PBSRANK (\d)$", result.output, re.M)) == ["0", "1"], result.output
+    assert sorted(result.daemons) == ["127.0.0.2", "127.0.0.3"], result  # mpiexec's daemons on both nodes
