@@ -2,7 +2,8 @@
 # A throw-away Slurm cluster on this machine, for tests: munge + slurmctld + N slurmd "nodes"
 # (node1..nodeN, all NodeAddr=127.0.0.1), no systemd, no cgroups, no accounting database.
 #
-#   scripts/slurm-local.sh up BASE [NNODES=2] [GPUS=0]   start it in BASE; prints `export SLURM_CONF=...`
+#   scripts/slurm-local.sh up BASE [NNODES=2] [GPUS=0] [SHORT_MAXTIME]
+#                                                         start it in BASE; prints `export SLURM_CONF=...`
 #   scripts/slurm-local.sh down BASE                      cancel its jobs and stop its daemons
 #
 # Everything lives in BASE (config, munge key and socket, state, logs, pid files), and the
@@ -12,12 +13,14 @@
 # RealMemory=2000 (MB), so that a --mem above it is refused as on a real cluster.
 # GPUS > 0 gives each node that many fake GPUs (GRES backed by /dev/null): Slurm then accepts
 # and schedules --gres=gpu:N requests; the jobs still run on the CPU.
+# SHORT_MAXTIME (e.g. 00:05:00) adds a second partition, `short`, of the same nodes with that
+# MaxTime, so that a --time above a partition's limit can be refused; the default is `debug` alone.
 # Needs: slurmctld, slurmd, sbatch/squeue/sinfo/scancel, munged, python3 (Debian: slurm-wlm munge).
 set -euo pipefail
 # The daemons live in /usr/sbin, which is not on every user's PATH.
 PATH=$PATH:/usr/sbin:/sbin
 
-usage() { echo "usage: $0 up BASE [NNODES] [GPUS] | down BASE" >&2; exit 2; }
+usage() { echo "usage: $0 up BASE [NNODES] [GPUS] [SHORT_MAXTIME] | down BASE" >&2; exit 2; }
 
 # Stop the daemons whose pid files are given, all at once (each takes a second or two), waiting
 # up to 10 s before SIGKILL.
@@ -73,8 +76,9 @@ EOF
 }
 
 up() {
-    local base=$1 n=${2:-2} gpus=${3:-0}
-    [[ $n =~ ^[1-9][0-9]*$ && $gpus =~ ^[0-9]+$ ]] || usage
+    local base=$1 n=${2:-2} gpus=${3:-0} short=${4:-} short_partition=""
+    [[ $n =~ ^[1-9][0-9]*$ && $gpus =~ ^[0-9]+$ && $short =~ ^([0-9:-]+)?$ ]] || usage
+    [ -z "$short" ] || short_partition="PartitionName=short Nodes=ALL MaxTime=$short State=UP"
     for cmd in munged slurmctld slurmd sinfo squeue scancel python3; do
         command -v "$cmd" >/dev/null || { echo "slurm-local: $cmd not found (bash scripts/test-setup.sh installs it)" >&2; exit 3; }
     done
@@ -148,6 +152,7 @@ MinJobAge=300
 FirstJobId=$first_job_id
 $nodes
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+$short_partition
 EOF
     export SLURM_CONF=$base/slurm.conf
     slurmctld -f "$SLURM_CONF"
@@ -168,7 +173,7 @@ EOF
 }
 
 case "${1:-}" in
-    up) [ $# -ge 2 ] && [ $# -le 4 ] || usage; up "$2" "${3:-2}" "${4:-0}" ;;
+    up) [ $# -ge 2 ] && [ $# -le 5 ] || usage; up "$2" "${3:-2}" "${4:-0}" "${5:-}" ;;
     down) [ $# -eq 2 ] || usage; down "$2" ;;
     *) usage ;;
 esac

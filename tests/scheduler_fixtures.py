@@ -14,6 +14,7 @@ passes by skipping. ``bash scripts/test-setup.sh`` installs them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -184,6 +185,33 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         if stopped.returncode != 0 or left:
             pytest.fail(f"scripts/slurm-local.sh down {base}: exit {stopped.returncode}, still running "
                         f"(killed): {left}\n{stopped.stderr}", pytrace=False)
+
+
+# The same class, under the name modules use that start a cluster of their own (another shape than the
+# session's): they share no cluster with the slurm_cluster group, so xdist may run them on the other worker.
+OwnSlurm = SlurmCluster
+
+
+@contextlib.contextmanager
+def own_slurm_cluster(tmp_path_factory: pytest.TempPathFactory, nodes: int, gpus: int,
+                      short_maxtime: str = "") -> Iterator[OwnSlurm]:
+    """``scripts/slurm-local.sh up BASE NODES GPUS [SHORT_MAXTIME]``, taken down (and its leftovers killed) after."""
+    require(SLURM_COMMANDS, "a Slurm cluster of the module's own")
+    base = _short_base(tmp_path_factory)
+    started = _slurm_local("up", str(base), str(nodes), str(gpus), *([short_maxtime] if short_maxtime else []))
+    try:
+        if started.returncode != 0:
+            pytest.fail(f"slurm-local.sh up failed:\n{started.stdout}\n{started.stderr}", pytrace=False)
+        conf = base / "slurm.conf"
+        cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], env={**os.environ, "SLURM_CONF": str(conf),
+                                  "PATH": search_path()}, capture_output=True, text=True).stdout.split()[0])
+        yield OwnSlurm(base=base, conf=conf, nodes=nodes, cpus_per_node=cpus, gpus_per_node=gpus,
+                       env={"SLURM_CONF": str(conf), "PATH": search_path()})
+    finally:
+        _slurm_local("down", str(base))
+        for pid in processes_with(str(base)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 # --- PBS Pro, by hand --------------------------------------------------------------------------------

@@ -191,10 +191,12 @@ def _local_gpus() -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Print the job's dry run (``--dry-run``), or submit it: the same dry run."""
-    from nodescale.launch.schedulers.table import SCHEDULERS
+    from nodescale.launch.schedulers.allocation import step_scheduler
+    from nodescale.launch.schedulers.table import BATCH, SCHEDULERS
 
     spec, preset = build_spec(args)
-    scheduler = SCHEDULERS[spec.scheduler]
+    # Inside an allocation this shell holds (salloc, qsub -I), a step there rather than a new job.
+    scheduler = (spec.scheduler in BATCH and step_scheduler(BATCH[spec.scheduler])) or SCHEDULERS[spec.scheduler]
     dryrun = scheduler.dryrun(spec, preset)
     if args.dry_run:
         print(dryrun.show(), end="")

@@ -8,6 +8,8 @@ single process); this module adds the rendezvous address and port.
 The rendezvous address is ``MASTER_ADDR`` when set; else 127.0.0.1 when every rank is on this
 node; else the first host of the allocation (Slurm node list, ``PBS_NODEFILE``) resolved to an
 IP address, since compute nodes may not resolve bare node names the way the login node does.
+A Slurm node name that does not resolve is looked up as the job scripts do: its NodeAddr
+(``scontrol show node``), so that a plain ``srun python script.py`` meets where names do not resolve.
 The port is ``MASTER_PORT`` when set, else derived from the scheduler's job id
 (:func:`port_for_job`) so that two jobs sharing a node do not both take 29500.
 """
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
+import subprocess
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,6 +30,7 @@ from nodescale.distributed.layout import Layout, RankPlace
 from nodescale.errors import UserError
 
 Resolver = Callable[[str], str]
+NodeAddrLookup = Callable[[str], str | None]
 
 DEFAULT_PORT = 29500  # torchrun's default, used when there is no job id to derive one from
 JOB_PORT_BASE = 15000
@@ -61,6 +66,18 @@ def resolve_ipv4_first(host: str) -> str:
     raise OSError(f"no IPv4 or IPv6 address for {host!r}")
 
 
+def scontrol_node_addr(node: str) -> str | None:
+    """Slurm's NodeAddr of ``node`` (``scontrol show node``); None where Slurm cannot say."""
+    if shutil.which("scontrol") is None:
+        return None
+    try:
+        shown = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"(?:^|\s)NodeAddr=(\S+)", shown.stdout)
+    return match[1] if shown.returncode == 0 and match else None
+
+
 def port_for_job(job_id: str | None) -> int:
     """The rendezvous port for a scheduler job: ``15000 + (numeric id % 15000)``, or 29500.
 
@@ -80,12 +97,14 @@ def port_for_job(job_id: str | None) -> int:
     return JOB_PORT_BASE + number % JOB_PORT_SPAN
 
 
-def detect(environ: Mapping[str, str] | None = None, resolve: Resolver = resolve_ipv4_first) -> DistEnv:
+def detect(environ: Mapping[str, str] | None = None, resolve: Resolver = resolve_ipv4_first,
+           node_addr: NodeAddrLookup = scontrol_node_addr) -> DistEnv:
     """Detect rank, world size and rendezvous address from the launcher's variables.
 
     ``environ`` defaults to :data:`os.environ`; nothing else is read except the node file
     named by ``PBS_NODEFILE``, and only when the rendezvous host must come from it.
-    ``resolve`` turns a host name into an address (see :func:`resolve_ipv4_first`).
+    ``resolve`` turns a host name into an address (see :func:`resolve_ipv4_first`); ``node_addr`` gives a
+    Slurm node's NodeAddr where its name does not resolve (see :func:`scontrol_node_addr`).
 
     Raises :class:`UserError` for inconsistent or malformed variables, and for multi-node
     launches whose rendezvous address cannot be found.
@@ -94,13 +113,13 @@ def detect(environ: Mapping[str, str] | None = None, resolve: Resolver = resolve
     layout = read_layout(env)
     return DistEnv(
         **layout.place(),
-        master_addr=_master_addr(env, layout, resolve),
+        master_addr=_master_addr(env, layout, resolve, node_addr),
         master_port=_master_port(env),
         source=layout.source,
     )
 
 
-def _master_addr(env: Mapping[str, str], layout: Layout, resolve: Resolver) -> str:
+def _master_addr(env: Mapping[str, str], layout: Layout, resolve: Resolver, node_addr: NodeAddrLookup) -> str:
     if env.get("MASTER_ADDR", "").strip():
         return env["MASTER_ADDR"].strip()
     if layout.local_world_size == layout.world_size:
@@ -118,11 +137,20 @@ def _master_addr(env: Mapping[str, str], layout: Layout, resolve: Resolver) -> s
     try:
         return resolve(head)
     except (OSError, UnicodeError, ValueError) as exc:
-        raise UserError(
-            f"host {head!r}",
-            f"the first node of the allocation does not resolve to an address ({exc})",
-            _MASTER_ADDR_HINT,
-        ) from exc
+        failure = exc
+    # The node list came from Slurm (no PBS node file): ask it for the node's address, as the job scripts do.
+    addr = node_addr(head) if env.get("SLURM_JOB_ID") and not env.get("PBS_NODEFILE") else None
+    if addr:
+        try:
+            return resolve(addr)
+        except (OSError, UnicodeError, ValueError) as exc:
+            failure = exc
+    raise UserError(
+        f"host {head!r}",
+        f"the first node of the allocation does not resolve to an address ({failure})"
+        + (f", nor does its Slurm NodeAddr {addr!r}" if addr else ""),
+        _MASTER_ADDR_HINT,
+    ) from failure
 
 
 def _master_port(env: Mapping[str, str]) -> int:

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import time
+import warnings
 from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import ClassVar
 from nodescale.errors import UserError
 from nodescale.launch.checks import check_job
 from nodescale.launch.job_log import JobRecord, record
+from nodescale.launch.partition_fit import Partition, Unreachable, fit_job
 from nodescale.launch.schedulers.base import DryRun, Scheduler, run_scheduler_command
 from nodescale.launch.shell import safe_job_name
 from nodescale.launch.spec import JobSpec, Preset
@@ -40,6 +42,10 @@ class BatchScheduler(Scheduler):
         """The scheduler's state of each job still known to it (finished jobs may be absent)."""
 
     @abstractmethod
+    def read_partition(self, spec: JobSpec, preset: Preset) -> Partition | Unreachable:
+        """The job's partition (queue) and its nodes as the scheduler reports them, or why it cannot be asked."""
+
+    @abstractmethod
     def log_path(self, spec: JobSpec, job_id: str) -> str:
         """Where the scheduler writes the job's output, as the rendered script asks for it."""
 
@@ -47,10 +53,22 @@ class BatchScheduler(Scheduler):
         """The checked job's script, and the submit command with the path it is written to."""
         if preset is None:
             raise ValueError(f"a {self.name} job needs a cluster preset")
+        preset = self.fit_to_cluster(spec, preset)
         check_job(spec, preset)
         script = self.render(spec, preset)
         stem = f"{safe_job_name(spec.job_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
         return DryRun(spec, (*self.submit_command, str(spec.job_dir / f"{stem}.sh")), script=script)
+
+    def fit_to_cluster(self, spec: JobSpec, preset: Preset) -> Preset:
+        """``preset`` checked against the live nodes (a generic one sized to them); kept as it is, with a
+        warning, where the scheduler cannot be asked (not on the cluster, say)."""
+        found = self.read_partition(spec, preset)
+        if isinstance(found, Unreachable):
+            warnings.warn(f"{self.name}'s nodes not read ({found.reason}): the job keeps preset {preset.name}'s "
+                          f"{preset.cpus_per_node} cores and {preset.gpus_per_node} GPUs per node, unchecked",
+                          stacklevel=2)
+            return preset
+        return fit_job(spec, preset, found)
 
     def submit(self, dryrun: DryRun) -> int:
         """Write the script to a file of its own, submit it, log the job (``nodescale jobs``) and print it."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nodescale.launch.partition_fit import Partition, Unreachable
 from nodescale.launch.render_pbs import MAX_JOB_NAME, render_pbs
+from nodescale.launch.schedulers import pbs_nodes
 from nodescale.launch.schedulers.batch import BatchScheduler, query
 from nodescale.launch.shell import safe_job_name
 from nodescale.launch.spec import JobSpec, Preset
@@ -35,6 +37,9 @@ class Pbs(BatchScheduler):
             if len(parts) >= 5 and parts[0].split(".")[0] in by_number:
                 states[by_number[parts[0].split(".")[0]]] = STATES.get(parts[4], parts[4])
         return states
+
+    def read_partition(self, spec: JobSpec, preset: Preset) -> Partition | Unreachable:
+        return pbs_nodes.read_queue(spec.queue or preset.queue)
 
     def log_path(self, spec: JobSpec, job_id: str) -> str:
         # PBS names the file after the job's (sanitised) -N name and the number of its id.

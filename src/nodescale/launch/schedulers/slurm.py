@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nodescale.launch.partition_fit import Partition, Unreachable
 from nodescale.launch.render_slurm import STDOUT_NAME, render_slurm
+from nodescale.launch.schedulers import slurm_nodes
 from nodescale.launch.schedulers.batch import BatchScheduler, query
 from nodescale.launch.spec import JobSpec, Preset
 
@@ -26,6 +28,10 @@ class Slurm(BatchScheduler):
         # -t all: jobs that ended recently (COMPLETED, FAILED, CANCELLED) are still listed.
         out = query(["squeue", "-h", "-t", "all", "-o", "%i %T", "-j", ",".join(job_ids)])
         return {parts[0]: parts[1] for parts in (line.split() for line in out.splitlines()) if len(parts) == 2}
+
+    def read_partition(self, spec: JobSpec, preset: Preset) -> Partition | Unreachable:
+        gpu_type = preset.gpu_type if preset.gpu_request == "gres" else None
+        return slurm_nodes.read_partition(spec.queue or preset.queue, gpu_type)
 
     def log_path(self, spec: JobSpec, job_id: str) -> str:
         return str(spec.job_dir / STDOUT_NAME.replace("%j", job_id.split(".")[0]))
