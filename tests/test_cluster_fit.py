@@ -11,6 +11,7 @@ import pytest
 
 from nodescale.distributed.env import detect
 from nodescale.errors import UserError
+from nodescale.launch.job_options import SchedulerOptions
 from nodescale.launch.partition_fit import Node, Partition, clock_seconds, fit_job, memory_mb
 from nodescale.launch.presets import load_preset
 from nodescale.launch.render_slurm import render_slurm
@@ -107,6 +108,8 @@ def test_a_generic_preset_is_sized_from_the_nodes() -> None:
      "0 of partition debug's nodes (2) have 1 CPUs per task", "--nproc-per-node 2 or less"),
     ({"time": "00:10:00"}, {"max_time": "00:05:00", "max_time_s": 300}, "--time 00:10:00",
      "partition debug allows at most 00:05:00", "--time 00:05:00 or less"),
+    ({"options": SchedulerOptions(cpus_per_task=16)}, {}, "--cpus-per-task 16",
+     "0 of partition debug's nodes (3) have 16 CPUs", "--cpus-per-task 2"),
 ])
 def test_requests_no_node_can_meet_name_the_limit_and_what_fits(changes, partition, what, rule, hint) -> None:
     with pytest.raises(UserError) as refused:
@@ -116,8 +119,7 @@ def test_requests_no_node_can_meet_name_the_limit_and_what_fits(changes, partiti
 
 
 def test_memory_above_every_node_is_refused() -> None:
-    # model_copy, not the constructor: the mem field (--mem) comes with the scheduler flags, maybe not here yet.
-    spec = spec_for("generic-slurm").model_copy(update={"mem": "4G"})
+    spec = spec_for("generic-slurm", options=SchedulerOptions(mem="4G"))
     with pytest.raises(UserError) as refused:
         fit_job(spec, load_preset("generic-slurm"), two_cpu_partition())
     assert "MB of memory" in refused.value.rule and "--mem 2000M" in (refused.value.hint or "")

@@ -22,8 +22,6 @@ from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 # Presets that describe no cluster in particular: sized from the live nodes when they can be read.
 GENERIC_PRESETS = ("generic-slurm", "generic-pbs")
 
-# --cpus-per-task is a launch flag where JobSpec has the field (issue 15, item 4).
-_HAS_CPUS_FLAG = "cpus_per_task" in JobSpec.model_fields
 _MEM = re.compile(r"^(\d+)\s*([KMGT]?)B?$", re.I)
 _MEM_UNIT_MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 
@@ -106,20 +104,19 @@ def fit_job(spec: JobSpec, preset: Preset, partition: Partition) -> Preset:
 
     tasks = startup.tasks_per_node(spec)
     per_task = startup.cpus_per_task(spec, preset)
-    explicit = getattr(spec, "cpus_per_task", None)
+    explicit = spec.options.cpus_per_task
     asked = (f"--cpus-per-task {per_task}" if explicit else
              f"--nproc-per-node {tasks} --mode per-gpu ({per_task} CPUs each)" if tasks > 1 else
              f"--cluster {preset.name} ({preset.cpus_per_node} cores per node)")
     nodes = _enough(spec, nodes, lambda node: node.cpus // tasks, per_task, f"{where}'s nodes",
                     "CPUs per task" if tasks > 1 else "CPUs", asked, lambda fit: (
                         f"fewer processes per node: --nproc-per-node {max(node.cpus for node in nodes)} or less"
-                        if fit == 0 else f"--cpus-per-task {fit}" if explicit or _HAS_CPUS_FLAG else
-                        f"set cpus_per_node: {fit * tasks} in your preset"))
+                        if fit == 0 else f"--cpus-per-task {fit}"))
 
-    mem = memory_mb(getattr(spec, "mem", None))
+    mem = memory_mb(spec.options.mem)
     if mem and all(node.memory_mb is not None for node in nodes):
         _enough(spec, nodes, lambda node: node.memory_mb or 0, mem, f"{where}'s nodes", "MB of memory",
-                f"--mem {getattr(spec, 'mem', mem)}", lambda fit: f"--mem {fit}M or less")
+                f"--mem {spec.options.mem}", lambda fit: f"--mem {fit}M or less")
 
     if partition.max_time_s is not None and walltime_seconds(spec.time) > partition.max_time_s:
         raise UserError(f"--time {spec.time}", f"{where} allows at most {partition.max_time}",
