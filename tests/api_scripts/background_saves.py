@@ -3,8 +3,8 @@
 ``python background_saves.py OUT STRATEGY MODE``: 6 AdamW steps of an MLP, a checkpoint at steps 2, 4 and 6.
 
 * ``sync``: every save waits (the reference); ``async``: every save in the background.
-* ``kill``: background saves; from the step-4 save on the disk stalls (``os.fsync`` sleeps, as on a
-  busy parallel file system); two more steps are taken, then the process SIGKILLs itself.
+* ``kill``: background saves; the step-4 save's files stall in ``os.fsync`` (as on a busy parallel
+  file system); two more steps are taken, then the process SIGKILLs itself.
 * ``resume``: background saves, after loading the newest whole checkpoint.
 """
 
@@ -24,7 +24,8 @@ real_fsync = os.fsync
 
 
 def stalled_fsync(fd: int) -> None:
-    time.sleep(120)
+    if "step-00000004" in os.readlink(f"/proc/self/fd/{fd}"):  # not the step-2 save, maybe still in flight
+        time.sleep(120)
     real_fsync(fd)
 
 
@@ -40,11 +41,11 @@ while ctx.global_step < 6:
     x, y = torch.randn(8, 16, generator=generator), torch.randint(0, 4, (8,), generator=generator)
     ctx.backward(F.cross_entropy(model(x), y))
     ctx.step(optimizer)
-    if step % 2 == 0:
-        if mode == "kill" and step == 4:
-            os.fsync = stalled_fsync
-        ctx.save_checkpoint(state)
-    if mode == "kill" and step == 6:
+    if mode == "kill" and step == 6:  # before its save, which would wait for step 4's
         print(f"rank {ctx.rank}: step 6 taken while step 4 was being written", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    if step % 2 == 0:
+        if mode == "kill":
+            os.fsync = stalled_fsync
+        ctx.save_checkpoint(state)
 ctx.close()
