@@ -19,6 +19,7 @@ import torch
 
 from conftest import REPO, cli_env, final_weights, max_difference, read_metrics, run_cli
 from nodescale.engine import checkpoint_files, manifest
+from nodescale.engine.async_save import host_copy
 from test_disk_full import small_disk  # noqa: F401  (a fixture)
 
 SCRIPT = REPO / "tests" / "api_scripts" / "background_saves.py"
@@ -31,6 +32,27 @@ def _resumed_copy(run_dir: Path, step: int, target: Path) -> Path:
     for path in (run_dir / "checkpoints").glob(f"step-{step:08d}*"):
         (shutil.copytree if path.is_dir() else shutil.copy)(path, target / "checkpoints" / path.name)
     return target
+
+
+def test_a_host_copy_keeps_the_state_of_the_moment_it_was_taken() -> None:
+    model = torch.nn.Linear(3, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step() -> None:
+        model(torch.ones(1, 3)).sum().backward()
+        optimizer.step()
+
+    step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "values": {"seen": [1]}}
+    copied = host_copy(state)
+    expected = {"weight": model.weight.detach().clone(), "exp_avg": optimizer.state[model.weight]["exp_avg"].clone()}
+    step()  # in place, as training goes on while the copy is written
+    state["values"]["seen"].append(2)
+    assert torch.equal(copied["model"]["weight"], expected["weight"])
+    assert not torch.equal(copied["model"]["weight"], model.weight)
+    assert torch.equal(copied["optimizer"]["state"][0]["exp_avg"], expected["exp_avg"])
+    assert copied["values"] == {"seen": [1]} and copied["optimizer"]["state"][0]["step"] == 1
+    assert copied["model"]._metadata == state["model"]._metadata  # what load_state_dict reads versions from
 
 
 pytestmark = pytest.mark.multiproc
