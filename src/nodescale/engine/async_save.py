@@ -58,9 +58,14 @@ class BackgroundSaves:
         self._thread = threading.Thread(target=run, name=f"nodescale-checkpoint-{step}", daemon=True)
         self._thread.start()
 
+    @property
+    def in_flight(self) -> bool:
+        """Whether a background save is still being written."""
+        return self._thread is not None and self._thread.is_alive()
+
     def poll(self) -> None:
         """At a step boundary: when the save in flight has finished, report it, or raise its error."""
-        if self._thread is not None and not self._thread.is_alive():
+        if self._thread is not None and not self.in_flight:
             self.wait()
 
     def wait(self) -> None:
