@@ -59,6 +59,8 @@ def test_show_output_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (["--model", "toy"], ["regression", "regression"]),
         (["--dataset", "mnist"], ["needs the location", "--data-dir"]),
         (["--resume"], ["--resume", "--out"]),
+        (["--strategy", "deepspeed", "--checkpoint-async"], ["--checkpoint-async with strategy 'deepspeed'",
+                                                              "--strategy fsdp"]),
         (["--config", "/nonexistent.yaml"], ["/nonexistent.yaml", "does not exist"]),
     ],
 )

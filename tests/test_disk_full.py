@@ -48,11 +48,12 @@ def _whole(run_dir: Path) -> list[int]:
     return [step for step, _ in found]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])  # rank 0 writes one file; every rank writes its shards
+# ddp: rank 0 writes one file; fsdp: every rank writes its shards; fsdp-async: in the background (DCP's async_save)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp-async"])
 def test_a_full_disk_ends_the_run_with_the_step_that_is_whole(strategy: str, small_disk: Path) -> None:
     run_dir = small_disk / "run"
-    args = ["train", "--strategy", strategy, "--nproc", "2", "--checkpoint-every", "10", "--max-steps", "60",
-            "--no-progress", "--out", str(run_dir)]
+    args = ["train", "--strategy", strategy.split("-")[0], "--nproc", "2", "--checkpoint-every", "10", "--max-steps",
+            "60", "--no-progress", "--out", str(run_dir), *(["--checkpoint-async"] if "async" in strategy else [])]
     result = run_cli(args, cwd=small_disk.parent, check=False)
     assert result.returncode == 2, result.stderr[-3000:]
     whole = _whole(run_dir)

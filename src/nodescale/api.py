@@ -33,6 +33,7 @@ from nodescale.data.sharding import ShardPlan
 from nodescale.distributed.env import DistEnv, detect
 from nodescale.distributed.process_group import Runtime, abandon, barrier, shutdown, start, sum_over_replicas
 from nodescale.engine import checkpoints
+from nodescale.engine.async_save import BackgroundSaves
 from nodescale.engine.optimizer_params import rebind_parameters
 from nodescale.engine.run_record import RunRecord
 from nodescale.engine.settings import check_process_count, run_config
@@ -80,6 +81,7 @@ class Context:
         self.library = library  # a script's context; else nodescale train's (its own names, --resume rules)
         self.record = RunRecord(self.cfg, runtime, started or time.perf_counter(), library)
         self.prepared: checkpoints.Prepared | None = None
+        self.saves = BackgroundSaves(self.record.write)  # records each checkpoint once it is whole
         self.global_step = 0  # optimiser steps taken (ctx.step calls that stepped)
         self._micro = 0  # micro-batches of the current window (without a ctx.loader)
         self._drawn: DrawnBatch | None = None  # the micro-batch last drawn from a ctx.loader
@@ -228,6 +230,7 @@ class Context:
         """Call after every micro-batch's backward: the optimiser steps at a window's end. Returns whether it did."""
         if self.prepared is None or self.prepared.updater is None:
             raise UserError("ctx.step", "needs the optimiser", "model, optimizer = ctx.prepare(model, optimizer)")
+        self.saves.poll()  # a background save that failed stops the run here, on every rank
         closes = self._closes_window()
         self._micro += 1
         self._drawn = None
@@ -268,30 +271,27 @@ class Context:
         already), into metrics.jsonl/csv and the loggers as a ``kind`` record (a collective)."""
         return self.record.log(values, self.global_step if step is None else step, reduce, kind)
 
-    def save_checkpoint(self, state: dict[str, Any], step: int | None = None) -> Path:
-        """Every rank: checkpoint ``state`` (the prepared model and optimiser, loaders, schedulers, values)."""
+    def save_checkpoint(self, state: dict[str, Any], step: int | None = None, *,
+                        background: bool | None = None) -> Path:
+        """Every rank: checkpoint ``state`` (the prepared model and optimiser, loaders, schedulers, values).
+        ``background`` (default: init's ``checkpoint_async``): return once the state is in host memory, the files
+        written while training goes on (the next save, ``close`` and a requeue exit wait for them)."""
         step = int(state.get("step", self.global_step)) if step is None else step
         with self.record.untimed():
-            path = checkpoints.save(state, step, self.runtime, self.cfg, self.prepared, self._run_dir("save"),
-                                    self.library)
-        self.record.write({"kind": "checkpoint", "step": step, "path": str(path)})
-        return path
+            return checkpoints.save(state, step, self.runtime, self.cfg, self.prepared, self.saves, self.library,
+                                    self.cfg.checkpoint.async_save if background is None else background)
 
     def load_checkpoint(self, state: dict[str, Any]) -> dict[str, Any] | None:
         """Every rank: load the newest whole checkpoint into ``state``'s objects; its values, or None."""
         expected = None if self.library else self.cfg.model_dump(mode="json")
-        loaded = checkpoints.load(state, self.runtime, self.prepared, self._run_dir("load"), expected)
+        self.saves.wait()
+        loaded = checkpoints.load(state, self.runtime, self.prepared, checkpoints.run_dir(self.cfg, "load"),
+                                  expected)
         if loaded is not None:
             self.global_step = self.record.steps = int(loaded["step"])
             if self.library and self.is_main:
                 print(f"nodescale: resumed from {loaded['path']} (step {self.global_step})", flush=True)
         return loaded
-
-    def _run_dir(self, what: str) -> Path:
-        if self.cfg.out is None:
-            raise UserError(f"ctx.{what}_checkpoint", "needs a run directory",
-                            'nodescale.init(out="runs/my-run")')
-        return self.cfg.out
 
     def should_stop(self) -> bool:
         """At a step boundary, on every rank: whether a stop signal (SIGTERM, ...) reached any rank."""
@@ -302,6 +302,7 @@ class Context:
 
         (``nodescale train`` without ``--resume`` exits with 1 instead: its requeued job would not continue.)
         """
+        self.saves.wait()  # the stop's checkpoint whole before the requeue marker
         code = EXIT_REQUEUE if self.library or self.cfg.checkpoint.resume else 1
         self.record.stopped(code)
         self.close(summary=False)
@@ -339,6 +340,7 @@ class Context:
         """Write summary.json (with ``out=``) and leave the process group cleanly; every rank calls it."""
         if self._closed:
             return None
+        self.saves.wait()  # before _closed: a failed save leaves through __exit__'s abandon
         self._closed = True
         self._end_sync()
         name = checkpoints.model_name(self.prepared.model) if self.prepared else None

@@ -68,6 +68,7 @@ FLAGS = (
          help="TF32 tensor cores for float32 matmuls and convolutions on CUDA (--set train.tf32=false: strict fp32)"),
     Flag("--activation-checkpointing", "train.activation_checkpointing", switch=True),
     Flag("--resume", "checkpoint.resume", switch=True),
+    Flag("--checkpoint-async", "checkpoint.async_save", switch=True),
     Flag("--monitor", "observe.monitor", switch=True),
     Flag("--no-progress", "train.progress", switch=False,
          help="no progress bar: plain lines per log interval and per epoch"),

@@ -30,6 +30,9 @@ def check_combinations(cfg: RunConfig) -> None:
             "DeepSpeed writes its own sharded checkpoints",
             "drop --checkpoint-format (nodescale checkpoint export makes one file of the weights)",
         )
+    if strategy.name == "deepspeed" and cfg.checkpoint.async_save:
+        raise UserError("--checkpoint-async with strategy 'deepspeed'", "DeepSpeed writes its checkpoints itself",
+                        "drop --checkpoint-async, or use --strategy fsdp (its shards are written in the background)")
     if strategy.name == "deepspeed" and cfg.train.compile:
         raise UserError("compile with strategy 'deepspeed'", "not supported by nodescale's DeepSpeed strategy",
                         "drop --compile, or use --strategy fsdp or ddp")

@@ -103,6 +103,10 @@ class CheckpointSection(Section):
         "auto", description="full: one file gathered on rank 0; sharded: every rank writes its shard into a "
         "directory; auto: sharded for fsdp and deepspeed, full otherwise"
     )
+    async_save: bool = Field(
+        False, description="write checkpoints in the background: training goes on once the state is copied to "
+        "host memory; one save at a time, the manifest only when every file is on disk"
+    )
 
 
 # Metric loggers: the module each needs and the optional extra that installs it.

@@ -135,16 +135,16 @@ def sharded_files(run_dir: Path, step: int) -> list[str]:
     return sorted(name for name in names if name != manifest.DIRECTORY_MANIFEST)
 
 
-def write_sharded_manifest(run_dir: Path, step: int, names: list[str], collective: bool) -> None:
+def write_sharded_manifest(run_dir: Path, step: int, names: list[str], collective: bool, group: Any = None) -> None:
     """Hash the files of the partial directory of ``step`` and write its manifest into it.
 
-    With ``collective``, every rank calls it with the same ``names`` and hashes
-    its share; only rank 0 (of the default group) writes.
+    With ``collective``, every rank of ``group`` (default: the default group) calls it
+    with the same ``names`` and hashes its share; only rank 0 writes.
     """
     partial = partial_dir(run_dir, step)
-    files = manifest.describe_files(partial, names, collective)
-    group = manifest.process_group() if collective else None
-    if group is None or group[0] == 0:
+    files = manifest.describe_files(partial, names, collective, group)
+    ranks = manifest.process_group(group) if collective else None
+    if ranks is None or ranks[0] == 0:
         # Written before the rename: a directory under its final name always has its manifest.
         manifest.write(partial / manifest.DIRECTORY_MANIFEST, files)
 
@@ -178,18 +178,26 @@ def write_sharded(run_dir: Path, step: int, is_main: bool, barrier: Callable[[],
         begin_sharded(run_dir, step)
     barrier()
     write_shards(partial_dir(run_dir, step))
+    return finish_sharded(run_dir, step, is_main, barrier, trainer_state, keep_last)
+
+
+def finish_sharded(run_dir: Path, step: int, is_main: bool, barrier: Callable[[], None],
+                   trainer_state: Callable[[], dict[str, Any]], keep_last: int, group: Any = None) -> Path:
+    """Every rank of ``group`` (default: the default group), once its shards are written: the trainer
+    state, the manifest and the rename of :func:`write_sharded`; returns the final path."""
     barrier()  # every shard is on disk before the directory becomes visible
     final = sharded_checkpoint_path(run_dir, step)
     names: list[Any] = [None]
     if is_main:
         add_trainer_state(run_dir, step, trainer_state())
         names = [sharded_files(run_dir, step)]
-    collective = manifest.process_group() is not None
+    collective = manifest.process_group(group) is not None
     if collective:
         import torch.distributed as dist
 
-        dist.broadcast_object_list(names, src=0)  # rank 0's listing: one list, whatever each node's cache shows
-    write_sharded_manifest(run_dir, step, names[0], collective)
+        # rank 0's listing: one list, whatever each node's cache shows
+        dist.broadcast_object_list(names, src=0, group=group)
+    write_sharded_manifest(run_dir, step, names[0], collective, group)
     if is_main:
         publish_sharded(run_dir, step, keep_last)
     barrier()  # nobody reads or prunes checkpoints while rank 0 renames

@@ -11,7 +11,6 @@ newest whole checkpoint are ``nodescale.engine.checkpoint_files``'s, as for ``no
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,8 @@ from torch import nn
 from nodescale.config.schema import RunConfig
 from nodescale.data.epoch_loader import EpochLoader
 from nodescale.distributed.process_group import Runtime, barrier, gather_from_all
-from nodescale.engine import checkpoint_files, disk_space
+from nodescale.engine import async_save, checkpoint_files, disk_space
+from nodescale.engine.async_save import BackgroundSaves
 from nodescale.errors import UserError
 from nodescale.strategies.base import Strategy, Updater
 
@@ -56,28 +56,34 @@ def _split(items: dict[str, Any], prepared: Prepared | None) -> tuple[str | None
 
 
 def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, prepared: Prepared | None,
-         run_dir: Path, library: bool = True) -> Path:
-    """Every rank: write checkpoint ``step`` of ``items`` (a collective); returns its path.
+         saves: BackgroundSaves, library: bool = True, background: bool = False) -> Path:
+    """Every rank: write checkpoint ``step`` of ``items`` into init's ``out`` (a collective); returns its path.
 
     ``library``: the settings record the script's model and optimiser classes (``nodescale
     train``'s name its built-in or plugin model and dataset already). A save that runs out of
-    disk space or quota is a :class:`UserError` naming the newest whole checkpoint.
+    disk space or quota is a :class:`UserError` naming the newest whole checkpoint. The save in
+    flight in ``saves`` is waited for first; with ``background``, this one returns once the state
+    is in host memory and is written there (``nodescale.engine.async_save``), its errors raised
+    by ``saves``.
     """
+    directory = run_dir(cfg, "save")
+    saves.wait()  # one save in flight at a time
     if runtime.is_main:
-        disk_space.warn_if_short(run_dir, step)
+        disk_space.warn_if_short(directory, step)
     try:
-        return _write(items, step, runtime, cfg, prepared, run_dir, library)
+        path = _write(items, step, runtime, cfg, prepared, directory, library, saves if background else None)
     except BaseException as error:  # DCP's CheckpointException is a BaseException
-        ran_out = disk_space.out_of_space(error)
-        if ran_out is None:
+        reported = disk_space.as_full_error(error, directory, step, runtime.is_main)
+        if reported is error:
             raise
-        if runtime.is_main:  # the shards written so far: never loadable, and the space is needed
-            shutil.rmtree(checkpoint_files.partial_dir(run_dir, step), ignore_errors=True)
-        raise disk_space.full_error(run_dir, step, ran_out) from error
+        raise reported from error
+    if not background:
+        saves.published(step, path)
+    return path
 
 
 def _write(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, prepared: Prepared | None,
-           run_dir: Path, library: bool) -> Path:
+           run_dir: Path, library: bool, background: BackgroundSaves | None) -> Path:
     model_key, optimizer_key, stateful, values = _split(items, prepared)
     _check_named(model_key, optimizer_key, prepared, "ctx.save_checkpoint")
     loader = next((v for v in stateful.values() if isinstance(v, EpochLoader)), None)
@@ -103,17 +109,31 @@ def _write(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, p
     if prepared is not None and checkpoint_files.is_sharded_format(cfg.checkpoint.format,
                                                                    prepared.strategy.shards_state):
         state["layout"] = prepared.strategy.sharded_layout
+        if background is not None:
+            return async_save.start_sharded(
+                background, run_dir, step, runtime,
+                lambda directory, group: prepared.strategy.save_sharded_async(prepared.model, prepared.optimizer,
+                                                                              directory, group), state, keep)
         return checkpoint_files.write_sharded(
             run_dir, step, runtime.is_main, lambda: barrier(runtime),
             lambda directory: prepared.strategy.save_sharded(prepared.model, prepared.optimizer, directory),
             lambda: state, keep)
     if prepared is not None:
         state.update(prepared.strategy.state_dict(prepared.model, prepared.optimizer))  # a collective
+    if background is not None:
+        return async_save.start_full(background, run_dir, step, runtime, state, keep)
     path = checkpoint_files.checkpoint_path(run_dir, step)
     if runtime.is_main:
         checkpoint_files.save(run_dir, step, state, keep)
     barrier(runtime)  # nobody reads the checkpoint (or leaves) before it is there
     return path
+
+
+def run_dir(cfg: RunConfig, what: str) -> Path:
+    """The run directory ``ctx.{what}_checkpoint`` uses: init's ``out``."""
+    if cfg.out is None:
+        raise UserError(f"ctx.{what}_checkpoint", "needs a run directory", 'nodescale.init(out="runs/my-run")')
+    return cfg.out
 
 
 def load(items: dict[str, Any], runtime: Runtime, prepared: Prepared | None, run_dir: Path,

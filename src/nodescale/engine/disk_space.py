@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -87,6 +88,21 @@ def full_error(run_dir: Path, step: int, what_ran_out: str) -> UserError:
             else "no checkpoint was saved yet")
     return UserError(f"checkpoint step {step} in {directory}", rule,
                      f"{kept}; --keep-last 1 keeps fewer, --out puts the run on a larger file system")
+
+
+def as_full_error(error: BaseException, run_dir: Path, step: int, is_main: bool) -> BaseException:
+    """``error`` as :func:`full_error` when the save of ``step`` ran out of room, else ``error`` itself.
+
+    Rank 0 then removes the shards written so far: never loadable, and the space is needed.
+    """
+    ran_out = None if isinstance(error, UserError) else out_of_space(error)
+    if ran_out is None:
+        return error
+    if is_main:
+        shutil.rmtree(checkpoint_files.partial_dir(run_dir, step), ignore_errors=True)
+    reported = full_error(run_dir, step, ran_out)
+    reported.__cause__ = error
+    return reported
 
 
 def _mb(count: int) -> str:

@@ -71,45 +71,47 @@ def share(sizes: dict[str, int], rank: int, world_size: int) -> list[str]:
     return mine
 
 
-def process_group() -> tuple[int, int] | None:
-    """``(rank, world_size)`` of the default process group; None without one, or with one rank."""
+def process_group(group: Any = None) -> tuple[int, int] | None:
+    """``(rank, world_size)`` in ``group`` (default: the default process group); None without one, or with one rank."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist.get_rank(), dist.get_world_size()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        return dist.get_rank(group), dist.get_world_size(group)
     return None
 
 
-def all_gather(value: Any) -> list[Any]:
-    """Every rank's ``value``, in rank order (a collective of the default group)."""
+def all_gather(value: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``value``, in rank order (a collective of ``group``, default: the default group)."""
     import torch.distributed as dist
 
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, value, group=group)
     return gathered
 
 
-def _digests(directory: Path, sizes: dict[str, int], collective: bool) -> dict[str, tuple[int, str]]:
+def _digests(directory: Path, sizes: dict[str, int], collective: bool,
+             group: Any = None) -> dict[str, tuple[int, str]]:
     """``(bytes, SHA-256)`` of every file in ``sizes``: this rank's share, gathered, when ``collective``."""
-    group = process_group() if collective else None
-    rank, world = group or (0, 1)
+    ranks = process_group(group) if collective else None
+    rank, world = ranks or (0, 1)
     mine = {name: file_digest(directory / name) for name in share(sizes, rank, world)}
-    if group is None:
+    if ranks is None:
         return mine
     merged: dict[str, tuple[int, str]] = {}
-    for part in all_gather(mine):
+    for part in all_gather(mine, group):
         merged.update(part)
     return merged
 
 
-def describe_files(directory: Path, names: list[str], collective: bool = False) -> dict[str, dict[str, Any]]:
+def describe_files(directory: Path, names: list[str], collective: bool = False,
+                   group: Any = None) -> dict[str, dict[str, Any]]:
     """``{name: {"bytes", "sha256"}}`` for ``names`` (paths relative to ``directory``).
 
-    With ``collective``, every rank of the default process group calls it with
-    the same names and hashes its share of them.
+    With ``collective``, every rank of ``group`` (default: the default process group)
+    calls it with the same names and hashes its share of them.
     """
     sizes = {name: (directory / name).stat().st_size for name in names}
-    digests = _digests(directory, sizes, collective)
+    digests = _digests(directory, sizes, collective, group)
     # The size recorded is what was hashed: the two always describe the same bytes.
     return {name: {"bytes": digests[name][0], ALGORITHM: digests[name][1]} for name in sorted(names)}
 

@@ -10,6 +10,7 @@ model inside any strategy's wrapper is ``models.introspect.unwrap``'s.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -88,6 +89,11 @@ class Strategy(Protocol):
 
     def save_sharded(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         """Every rank writes its part of the model and optimiser state into ``directory`` (a collective)."""
+
+    def save_sharded_async(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path,
+                           group: Any) -> Future:
+        """:meth:`save_sharded` that returns once the state is staged in host memory (torch-native strategies only:
+        ``--checkpoint-async`` refuses DeepSpeed); the future is done when this rank's files are on disk."""
 
     def load_sharded(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         """Every rank reads its part of what :meth:`save_sharded` wrote, on any world size it supports."""

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -26,12 +28,30 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 def save_dcp(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
     """Write ``model`` (the plain or fully_shard-ed module) and ``optimizer`` into ``directory``."""
+    with _single_process_is_intended():
+        dcp.save(_state(model, optimizer), checkpoint_id=directory, planner=_planner())
+
+
+def async_save_dcp(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path, group: Any) -> Future:
+    """:func:`save_dcp` through DCP's ``async_save``: returns once the state is copied to host memory; the
+    future is done when this rank's files are written and synced. ``group``: a gloo group for DCP's
+    collectives, apart from the training's (None without a process group)."""
+    with _single_process_is_intended():
+        # Only the arguments torch 2.6 has: its default is a thread of this process, as later versions'.
+        saved = dcp.async_save(_state(model, optimizer), checkpoint_id=directory, planner=_planner(),
+                               process_group=group)
+    return getattr(saved, "upload_completion", saved)  # an AsyncSaveResponse where a stager stages in the background
+
+
+def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def _planner() -> DefaultSavePlanner:
     # Lowest rank: BatchNorm statistics (plain tensors every rank holds) are rank 0's,
     # as in a full checkpoint and under DDP, which broadcasts rank 0's buffers.
-    planner = DefaultSavePlanner(dedup_save_to_lowest_rank=True)
-    with _single_process_is_intended():
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=directory, planner=planner)
+    return DefaultSavePlanner(dedup_save_to_lowest_rank=True)
 
 
 def load_dcp(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:

@@ -8,6 +8,7 @@ holds them whole (FSDP, which shards them, gathers its own instead).
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,12 @@ class TorchNative:
         from nodescale.strategies.dcp_state import save_dcp  # torch.distributed.checkpoint: ~0.1-1 s to import
 
         save_dcp(unwrap(model), optimizer, directory)
+
+    def save_sharded_async(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path,
+                           group: Any) -> Future:
+        from nodescale.strategies.dcp_state import async_save_dcp
+
+        return async_save_dcp(unwrap(model), optimizer, directory, group)
 
     def load_sharded(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         from nodescale.strategies.dcp_state import load_dcp
