@@ -20,6 +20,7 @@ import zarr
 
 from conftest import cli_env, final_weights, max_difference, read_summary
 from nodescale.cli.main import main
+from nodescale.data import gridded
 from nodescale.data.grid import split_grids
 from nodescale.data.registry import get_format
 from nodescale.data.section import DataSection
@@ -48,7 +49,10 @@ def stores(tmp_path_factory: pytest.TempPathFactory, fields: dict[str, np.ndarra
     dataset["station"] = ("time", np.array([f"s{i}" for i in range(24)]))
     dataset["orography"] = (("lat", "lon"), np.zeros((16, 16), "f4"))
     dataset.to_netcdf(root / "era.nc", encoding={name: {"chunksizes": CHUNKS} for name in fields})
-    return {"zarr": root / "era.zarr", "netcdf": root / "era.nc"}
+    # As xarray writes Zarr version 2 (dimension names in the _ARRAY_DIMENSIONS attribute).
+    dataset[list(fields)].to_zarr(root / "v2.zarr", zarr_format=2, consolidated=False,
+                                  encoding={name: {"chunks": CHUNKS} for name in fields})
+    return {"zarr": root / "era.zarr", "netcdf": root / "era.nc", "zarr_v2": root / "v2.zarr"}
 
 
 def config(path: Path, **fields: object) -> DataSection:
@@ -78,10 +82,14 @@ def test_windows_are_numbered_block_by_block_and_blocks_hold_whole_chunks() -> N
         assert min(s[0] for s in starts[len(train):]) > max(s[0] for s in starts[:len(train)])  # val: the latest
 
 
-@pytest.mark.parametrize("kind", ["zarr", "netcdf"])
+@pytest.mark.parametrize("kind,whole_blocks", [("zarr", True), ("netcdf", True), ("zarr_v2", True),
+                                               ("zarr", False)])
 def test_samples_are_the_windows_of_the_store(stores: dict[str, Path], fields: dict[str, np.ndarray],
-                                              kind: str) -> None:
+                                              kind: str, whole_blocks: bool, monkeypatch) -> None:
+    if not whole_blocks:  # blocks too big to keep: each window read alone
+        monkeypatch.setattr(gridded, "BLOCK_BYTES", 0)
     splits = get_format("zarr").load(config(stores[kind]), seed=0)
+    assert splits.train.layout.whole_blocks == whole_blocks
     assert (len(splits.train), len(splits.val)) == (40, 8)
     # Two times of two inputs, and of one target, as channels.
     assert splits.spec.shape == (4, 8, 8) and splits.spec.num_classes == 2 and splits.spec.task == "regression"
