@@ -105,3 +105,26 @@ def test_grouped_order_shuffles_groups_and_their_samples() -> None:
     assert order[:10] != sorted(order[:10]) and sorted(order[:10]) == list(range(order[0] // 10 * 10,
                                                                               order[0] // 10 * 10 + 10))
     assert grouped_order((10,) * 10, seed=1, shuffle=False).tolist() == list(range(100))
+
+
+def test_a_grouped_plan_resumes_mid_epoch_only_on_the_same_world_size() -> None:
+    from torch.utils.data import TensorDataset
+
+    from nodescale.data.epoch_loader import EpochLoader
+
+    def loader(world: int, batch: int, groups: tuple[int, ...] | None) -> EpochLoader:
+        plan = ShardPlan(40, world, 0, batch, groups=groups)
+        return EpochLoader(TensorDataset(torch.arange(40)), plan, pad=True, drop_last=False, grad_accum=1,
+                           device=torch.device("cpu"))
+
+    saved = {**loader(2, 4, (4,) * 10).state_dict(), "epoch": 1, "batch_in_epoch": 3}
+    same = loader(2, 4, (4,) * 10)
+    same.load_state_dict(saved)
+    assert (same.epoch, same.batch_in_epoch) == (1, 3)
+    with pytest.warns(UserWarning, match="and the world size for chunked data"):
+        other = loader(1, 8, (4,) * 10)  # the same global batch, but another dealing of the groups
+        other.load_state_dict(saved)
+    assert (other.epoch, other.batch_in_epoch) == (2, 0)
+    ungrouped = loader(1, 8, None)  # without groups the same global batch resumes on any world size
+    ungrouped.load_state_dict(saved)
+    assert (ungrouped.epoch, ungrouped.batch_in_epoch) == (1, 3)
