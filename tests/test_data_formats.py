@@ -750,6 +750,11 @@ def test_checks_do_not_import_torch(tmp_path):
     (tmp_path / "tokens").mkdir()
     for name in ("train.bin", "val.bin"):
         np.arange(300, dtype=np.uint16).tofile(tmp_path / "tokens" / name)
+    import zarr  # not at the top: only this case needs it
+
+    store = zarr.open_group(tmp_path / "grid.zarr", mode="w")
+    for name in ("a", "b"):
+        store.create_array(name, shape=(4, 2), chunks=(2, 2), dtype="f4", dimension_names=("t", "x"))
     cases = [
         ("digits", {}),
         ("mnist", {"dir": str(tmp_path / "mnist")}),
@@ -763,6 +768,7 @@ def test_checks_do_not_import_torch(tmp_path):
         ("hf_dataset", {"dir": str(tmp_path / "saved"), "tokenizer": tokenizer}),
         ("pydoc", {}),
         ("tokens", {"dir": str(tmp_path / "tokens"), "seq_len": 8}),
+        ("zarr", {"dir": str(tmp_path / "grid.zarr"), "inputs": ["a"], "targets": ["b"], "window": {"t": 2}}),
     ]
     assert {name for name, _ in cases} == set(DATASETS), "every registered format needs a case here"
     failing = ("mnist", {"dir": str(tmp_path / "empty")})

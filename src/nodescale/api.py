@@ -179,7 +179,8 @@ class Context:
         (training); ``pad=False`` gives each rank only its samples (evaluation with ``ctx.sum``).
         """
         plan = ShardPlan(len(dataset), self.runtime.data_parallel_size, self.runtime.data_parallel_rank, batch_size,
-                         self.cfg.train.seed if seed is None else seed, shuffle)
+                         self.cfg.train.seed if seed is None else seed, shuffle,
+                         getattr(dataset, "sample_groups", None))  # chunked data: read a chunk's samples together
         loader = EpochLoader(dataset, plan, pad=pad, drop_last=drop_last, grad_accum=self.cfg.train.grad_accum,
                              device=self.device, on_batch=self._drew if pad else None,
                              clock=self.record.synced_time, **loader_options)

@@ -94,6 +94,11 @@ DATASETS: dict[str, DatasetEntry] = {
         "a directory with train.bin and val.bin (flat uint16 or uint32 token ids, nanoGPT's format)",
         "nanoGPT-style token files, memory-mapped, for language models", seq_len=1024,
     ),
+    "zarr": DatasetEntry(
+        "nodescale.data.gridded", "regression", True,
+        "a Zarr store or netCDF file; data.inputs, data.targets: variable names; data.window: e.g. time:4,lat:32",
+        "windows of named variables of a Zarr store or netCDF file, read chunk by chunk (climate, weather)",
+    ),
 }
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from nodescale.data.registry import DATASETS
+from nodescale.errors import UserError
 from nodescale.section import Section, known_or_plugin
 
 
@@ -55,6 +56,43 @@ class DataSection(Section):
         None, ge=1, description="tokens: the vocabulary size; default: vocab_size in DIR/meta.json, else GPT-2's "
         "50257 for uint16"
     )
+    inputs: list[str] = Field(default_factory=list, description="zarr: the input variables, e.g. t2m,u10")
+    targets: list[str] = Field(default_factory=list, description="zarr: the variables predicted, e.g. tp")
+    window: dict[str, int] = Field(
+        default_factory=dict, description="zarr: a sample's size along named dimensions, e.g. time:4,lat:32,lon:32 "
+        "(dimensions not named are taken whole)"
+    )
+    stride: dict[str, int] = Field(
+        default_factory=dict, description="zarr: the step between windows along named dimensions, e.g. time:1; "
+        "default: the window's size (no overlap)"
+    )
+
+    @field_validator("inputs", "targets", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+    @field_validator("window", "stride", mode="before")
+    @classmethod
+    def _sizes(cls, value: object) -> object:
+        """``time:4,lat:32`` (the form --set reads best) as the mapping a config file writes."""
+        if not isinstance(value, str):
+            return value
+        sizes = {}
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            dim, sep, size = part.partition(":")
+            if not sep or not dim.strip() or not size.strip().isdigit() or int(size) < 1:
+                raise UserError(f"data window or stride {value!r}", "must be DIMENSION:SIZE pairs, comma-separated, "
+                                "each size a whole number of at least 1", "e.g. --set data.window=time:4,lat:32,lon:32")
+            sizes[dim.strip()] = int(size)
+        return sizes
+
+    @field_validator("window", "stride")
+    @classmethod
+    def _positive(cls, value: dict[str, int]) -> dict[str, int]:
+        if any(size < 1 for size in value.values()):
+            raise UserError(f"data window or stride {value}", "sizes must be at least 1", "e.g. time:4,lat:32")
+        return value
 
     @field_validator("name")
     @classmethod

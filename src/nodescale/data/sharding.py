@@ -13,6 +13,11 @@ validation metrics count each sample once.
 The order is a permutation drawn from ``seed + epoch`` (a new order each
 epoch, identical on every rank); rank ``r`` takes positions ``r, r + W, ...``
 of the padded permutation, the same interleaving ``DistributedSampler`` uses.
+
+Samples read together (the chunks of a Zarr store: ``groups``, the sizes of consecutive
+index runs) are ordered group by group instead: a seeded order of the groups, a seeded
+order inside each, and each rank deals a contiguous run of that sequence, so a rank
+reads each group at most once per epoch (``grouped_order``, ``dealt_runs``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class ShardPlan:
     batch_size: int
     seed: int = 0
     shuffle: bool = True
+    groups: tuple[int, ...] | None = None  # sizes of consecutive index runs read together (chunks)
 
     def __post_init__(self) -> None:
         if self.num_samples < 1:
@@ -51,6 +57,8 @@ class ShardPlan:
             raise ValueError(f"rank {self.rank} outside world of {self.world_size}")
         if self.batch_size < 1:
             raise ValueError("batch_size must be positive")
+        if self.groups is not None and sum(self.groups) != self.num_samples:
+            raise ValueError(f"groups hold {sum(self.groups)} samples, not {self.num_samples}")
 
     @property
     def shard_size(self) -> int:
@@ -63,6 +71,8 @@ class ShardPlan:
 
     def order(self, epoch: int) -> torch.Tensor:
         """The epoch's global order of sample indices, before padding."""
+        if self.groups is not None:
+            return dealt_runs(grouped_order(self.groups, self.seed + epoch, self.shuffle), self.world_size)
         if not self.shuffle:
             return torch.arange(self.num_samples)
         generator = torch.Generator().manual_seed(self.seed + epoch)
@@ -95,6 +105,34 @@ class ShardPlan:
         # below num_samples are real.
         start, end = first_row * self.world_size, end_row * self.world_size
         return max(0, min(end, self.num_samples) - start)
+
+
+def grouped_order(groups: tuple[int, ...], seed: int, shuffle: bool = True) -> torch.Tensor:
+    """Sample indices group by group: the groups (consecutive index runs of these sizes) in an order
+    drawn from ``seed``, the samples inside each in an order drawn from it too (in index order without
+    ``shuffle``)."""
+    total = sum(groups)
+    if not shuffle:
+        return torch.arange(total)
+    generator = torch.Generator().manual_seed(seed)
+    place = torch.empty(len(groups), dtype=torch.float64)
+    place[torch.randperm(len(groups), generator=generator)] = torch.arange(len(groups), dtype=torch.float64)
+    # A sample's key: its group's place, plus a random fraction that orders it inside the group.
+    keys = place.repeat_interleave(torch.tensor(groups)) + torch.rand(total, generator=generator, dtype=torch.float64)
+    return torch.argsort(keys, stable=True)
+
+
+def dealt_runs(sequence: torch.Tensor, world_size: int) -> torch.Tensor:
+    """``sequence`` laid out so that rank r's interleaved positions (r, r + W, ...) hold a contiguous run of it.
+
+    Rank r gets as many real samples as the interleaving gives it (the first N mod W ranks one more),
+    so the padding and counts of ``ShardPlan.batches`` stay as they are.
+    """
+    n = len(sequence)
+    base, extra = divmod(n, world_size)
+    positions = torch.arange(n)
+    rank, row = positions % world_size, positions // world_size
+    return sequence[rank * base + rank.clamp(max=extra) + row]
 
 
 def window_totals(counts: list[int], start: int, accum: int) -> list[int]:

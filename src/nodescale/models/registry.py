@@ -42,6 +42,11 @@ MODELS: dict[str, ModelEntry] = {
         "nodescale.models.toy:build_toy", "regression",
         "linear regression with MSE (the DDP tutorial's)", has_blocks=False,
     ),
+    "gridconv": ModelEntry(
+        "nodescale.models.gridconv:build_gridconv", "regression",
+        "3 size-keeping convolutions (32 wide) from gridded inputs to gridded targets (--dataset zarr)",
+        has_blocks=False,
+    ),
     "cnn": ModelEntry(
         "nodescale.models.cnn:build_cnn", "classification",
         "2 conv-BN-ReLU-maxpool blocks (16, 32) + linear (CSC MNIST)",
