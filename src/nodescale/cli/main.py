@@ -18,6 +18,7 @@ from nodescale.cli import (
     jobs_cmd,
     launch_cmd,
     list_cmd,
+    plan_cmd,
     report_cmd,
     train_cmd,
 )
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cmd.add_parser(subparsers)
     config_cmd.add_parser(subparsers)
     launch_cmd.add_parser(subparsers)
+    plan_cmd.add_parser(subparsers)
     checkpoint_cmd.add_parser(subparsers)
     doctor_cmd.add_parser(subparsers)
     bench_cmd.add_parser(subparsers)

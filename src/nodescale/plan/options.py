@@ -62,12 +62,12 @@ def all_options(checkpointing: bool = True, offload: bool = True) -> list[Strate
     return found
 
 
-def options_for_strategy(section: object, checkpointing: bool, offload_possible: bool = True) -> list[StrategyOption]:
+def options_for_strategy(section: object) -> list[StrategyOption]:
     """The options ``--strategy`` asks about: ``auto`` (None) is every one; a named strategy its own family.
 
     ``section`` is the run's strategy section (``config.strategy``), or None for ``auto``.
     """
-    options = all_options(offload=offload_possible)
+    options = all_options()
     if section is None:
         return options
     name = getattr(section, "name", "ddp")

@@ -83,7 +83,7 @@ def zero12_state(numels: Sequence[int], ranks: int, stage: int, optimiser: Optim
     align = ZERO_ALIGNMENT * ranks
     padded = ceil(total / align) * align
     part = padded // ranks
-    gradients = max(_grads_reaching(numels, r * part, (r + 1) * part) for r in range(ranks))
+    gradients = _largest_reach(numels, part, ranks)
     gradients += padded - total  # the padding, kept as a gradient of its own on the last rank
     if ranks == 1 or stage == 0:
         gradients = total
@@ -92,14 +92,21 @@ def zero12_state(numels: Sequence[int], ranks: int, stage: int, optimiser: Optim
                       FP32 * part * (1 + optimiser.states) + steps)
 
 
-def _grads_reaching(numels: Sequence[int], start: int, end: int) -> int:
-    """Elements of the parameters whose slice of the flat buffer overlaps ``[start, end)``."""
-    kept, offset = 0, 0
+def _largest_reach(numels: Sequence[int], part: int, ranks: int) -> int:
+    """The most elements any rank keeps: the parameters whose slice of the flat buffer overlaps its own."""
+    added = [0] * (ranks + 1)  # a difference array over ranks: one pass, however many ranks
+    offset = 0
     for numel in numels:
-        if offset < end and offset + numel > start:
-            kept += numel
+        if numel:
+            first, last = offset // part, min((offset + numel - 1) // part, ranks - 1)
+            added[first] += numel
+            added[last + 1] -= numel
         offset += numel
-    return kept
+    most = running = 0
+    for rank in range(ranks):
+        running += added[rank]
+        most = max(most, running)
+    return most
 
 
 def zero3_state(numels: Sequence[int], ranks: int, optimiser: Optimiser, param_bytes: int = FP32) -> StateBytes:

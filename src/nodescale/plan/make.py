@@ -1,0 +1,99 @@
+"""One call from a resolved ``train`` configuration and the cluster to a plan (what ``launch --plan`` calls)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nodescale.errors import UserError
+from nodescale.plan.estimate import PlanRow, Workload, nodes_for_deadline, plan_rows, recommend
+from nodescale.plan.hardware import Hardware, resolve_hardware
+from nodescale.plan.inputs import dataset_facts, sample_spec
+from nodescale.plan.model_facts import ModelFacts, measure_model
+from nodescale.plan.options import StrategyOption, options_for_strategy
+from nodescale.plan.state_bytes import Optimiser
+from nodescale.plan.step_time import Layout
+
+if TYPE_CHECKING:
+    from nodescale.config.schema import RunConfig
+
+DEFAULT_EFFICIENCY = 0.40  # of peak FLOP/s that training reaches: a well-tuned run reaches 40-60%
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """What the plan needs besides the training configuration (the flags of ``plan`` and ``launch``)."""
+
+    cluster: str | None = None
+    nodes: int | None = None  # None: 1, or the fewest that meet the deadline
+    gpus_per_node: int | None = None  # None: the preset's
+    all_strategies: bool = True  # --strategy auto (or none given): every option
+    train_samples: int | None = None
+    sample_shape: tuple[int, ...] | None = None
+    num_classes: int | None = None
+    deadline_s: float | None = None
+    comm: Path | None = None
+    gpu_memory_gb: float | None = None
+    peak_tflops: float | None = None
+    efficiency: float = DEFAULT_EFFICIENCY
+
+
+@dataclass(frozen=True)
+class Plan:
+    facts: ModelFacts
+    hardware: Hardware
+    workload: Workload
+    layout: Layout
+    rows: list[PlanRow]
+    recommended: PlanRow | None
+    notes: list[str] = field(default_factory=list)
+    model: str = ""
+
+
+def make_plan(cfg: RunConfig, settings: PlanSettings) -> Plan:
+    """The plan of training ``cfg`` on the cluster of ``settings``: every option's row and the pick."""
+    preset = _preset(settings.cluster)
+    per_node = settings.gpus_per_node or (preset.gpus_per_node if preset else None)
+    if not per_node:
+        raise UserError("--gpus-per-node", "is needed without a --cluster preset that says it (or it says 0)",
+                        "give --gpus-per-node N, or --cluster PRESET (see `nodescale clusters`)")
+    hardware = resolve_hardware(preset, cfg.train.precision, cfg.train.tf32, settings.gpu_memory_gb,
+                                settings.peak_tflops, settings.comm)
+    spec = sample_spec(cfg, settings.sample_shape, settings.num_classes)
+    samples = settings.train_samples
+    if spec is None or samples is None:
+        found_spec, found_samples = dataset_facts(cfg)
+        spec, samples = spec or found_spec, samples or found_samples
+    facts = measure_model(cfg, spec)
+    work = Workload(samples, cfg.train.epochs, cfg.train.max_steps, cfg.train.grad_accum, cfg.train.precision,
+                    Optimiser.named(cfg.optim.name, cfg.optim.momentum), settings.efficiency, cfg.checkpoint.every)
+    options = _options(cfg, settings)
+    notes = []
+    if settings.deadline_s is not None and settings.nodes is None:
+        nodes, _ = nodes_for_deadline(settings.deadline_s, facts, hardware, work, per_node, options)
+        notes.append(f"{nodes} node{'s' if nodes > 1 else ''}: the fewest that meet the deadline")
+    else:
+        nodes = settings.nodes or 1
+    layout = Layout(nodes, per_node)
+    rows = plan_rows(facts, hardware, work, layout, options)
+    best = recommend(rows)
+    if settings.deadline_s is not None and best is not None and best.ask_s > settings.deadline_s:
+        notes.append(f"on {nodes} node(s) the deadline is not met; leave --nodes out to find the node count that does")
+    return Plan(facts, hardware, work, layout, rows, best, notes, cfg.model.name)
+
+
+def _preset(name: str | None) -> Any:
+    if name is None:
+        return None
+    from nodescale.launch.presets import load_preset
+
+    return load_preset(name)
+
+
+def _options(cfg: RunConfig, settings: PlanSettings) -> list[StrategyOption]:
+    section = None if settings.all_strategies else cfg.strategy
+    if section is not None and cfg.strategy.name in ("single", "dp"):
+        raise UserError(f"--strategy {cfg.strategy.name}", "plans are for one process per GPU across nodes",
+                        "use --strategy ddp, fsdp, deepspeed, or auto (every option)")
+    return options_for_strategy(section)
