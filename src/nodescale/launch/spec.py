@@ -65,6 +65,12 @@ class Preset(Strict):
         "pals", description="PBS: the mpiexec flavour that starts one process per node or per GPU")
     cpu_bind: str | None = Field(None, description="CPU binding for the launcher (e.g. none, or LUMI's masks)")
     container: Container | None = None
+    # What `nodescale plan` prices a node by; absent where no public source says (plan then asks for it).
+    gpu_model: str | None = Field(None, description="the GPU as torch names it, a bench/peaks.yaml name "
+                                  "(e.g. NVIDIA A100-SXM4-40GB)")
+    gpu_memory_gb: float | None = Field(None, gt=0, description="memory of one GPU in GB, as its datasheet says")
+    interconnect_gbps: float | None = Field(None, gt=0, description="network bandwidth of one node, GB/s per "
+                                            "direction, all its NICs together")
 
 
 class JobSpec(Strict):
