@@ -16,7 +16,7 @@ from nodescale.errors import UserError
 from nodescale.plan.hardware import Hardware
 from nodescale.plan.model_facts import ModelFacts
 from nodescale.plan.options import StrategyOption
-from nodescale.plan.state_bytes import Optimiser, StateBytes, state_bytes
+from nodescale.plan.state_bytes import PERSISTENCE_THRESHOLD, Optimiser, StateBytes, state_bytes
 from nodescale.plan.step_time import Layout, StepTime, step_time
 
 RESERVED_BYTES = 1_000_000_000  # CUDA context, kernels and allocator slack: not the training's
@@ -38,6 +38,7 @@ class Workload:
     optimiser: Optimiser
     efficiency: float
     checkpoint_every: int  # steps between checkpoints (0: only at the end)
+    persistence_threshold: int = PERSISTENCE_THRESHOLD  # ZeRO-3 keeps parameters this small whole
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,9 @@ def plan_rows(facts: ModelFacts, hardware: Hardware, work: Workload, layout: Lay
     rows = []
     for option in options:
         held = state_bytes(replace(option, offload="none"), facts.shapes, world, layout.ranks_per_node,
-                           work.optimiser, work.precision)
-        state = state_bytes(option, facts.shapes, world, layout.ranks_per_node, work.optimiser, work.precision)
+                           work.optimiser, work.precision, work.persistence_threshold)
+        state = state_bytes(option, facts.shapes, world, layout.ranks_per_node, work.optimiser, work.precision,
+                            work.persistence_threshold)
         saves = 1 + (steps // work.checkpoint_every if work.checkpoint_every else 0)
         rows.append(PlanRow(
             option, state,

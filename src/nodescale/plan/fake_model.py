@@ -24,15 +24,23 @@ def fake_tensors() -> Iterator[Callable[[nn.Module], nn.Module]]:
     nothing there), then made FakeTensorMode tensors on the CPU, where autocast works as in training.
     Without FakeTensorMode the meta device serves alone.
     """
-    try:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-    except ImportError:
+    mode = fake_tensor_mode()
+    if mode is None:
         with torch.device("meta"):
             yield lambda model: model
         return
     # introspect.forward_flops_per_sample makes a meta sample of its own: allowed in.
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with mode(allow_non_fake_inputs=True):
         yield lambda model: model.to_empty(device="cpu")
+
+
+def fake_tensor_mode() -> type | None:
+    """torch's FakeTensorMode class, or None where this torch lacks it."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError:
+        return None
+    return FakeTensorMode
 
 
 @contextmanager

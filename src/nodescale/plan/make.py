@@ -12,7 +12,7 @@ from nodescale.plan.hardware import Hardware, resolve_hardware
 from nodescale.plan.inputs import dataset_facts, sample_spec
 from nodescale.plan.model_facts import ModelFacts, measure_model
 from nodescale.plan.options import StrategyOption, options_for_strategy
-from nodescale.plan.state_bytes import Optimiser
+from nodescale.plan.state_bytes import PERSISTENCE_THRESHOLD, Optimiser
 from nodescale.plan.step_time import Layout
 
 if TYPE_CHECKING:
@@ -67,7 +67,8 @@ def make_plan(cfg: RunConfig, settings: PlanSettings) -> Plan:
         spec, samples = spec or found_spec, samples or found_samples
     facts = measure_model(cfg, spec)
     work = Workload(samples, cfg.train.epochs, cfg.train.max_steps, cfg.train.grad_accum, cfg.train.precision,
-                    Optimiser.named(cfg.optim.name, cfg.optim.momentum), settings.efficiency, cfg.checkpoint.every)
+                    Optimiser.named(cfg.optim.name, cfg.optim.momentum), settings.efficiency, cfg.checkpoint.every,
+                    persistence_threshold(cfg))
     options = _options(cfg, settings)
     notes = []
     if settings.deadline_s is not None and settings.nodes is None:
@@ -81,6 +82,17 @@ def make_plan(cfg: RunConfig, settings: PlanSettings) -> Plan:
     if settings.deadline_s is not None and best is not None and best.ask_s > settings.deadline_s:
         notes.append(f"on {nodes} node(s) the deadline is not met; leave --nodes out to find the node count that does")
     return Plan(facts, hardware, work, layout, rows, best, notes, cfg.model.name)
+
+
+def persistence_threshold(cfg: RunConfig) -> int:
+    """ZeRO-3's persistence threshold: the run's DeepSpeed config file's, else DeepSpeed's default."""
+    path = getattr(cfg.strategy, "deepspeed_config", None)
+    if path is None:
+        return PERSISTENCE_THRESHOLD
+    from nodescale.strategies.deepspeed_config import read_user_config
+
+    zero = read_user_config(path).get("zero_optimization") or {}
+    return int(zero.get("stage3_param_persistence_threshold", PERSISTENCE_THRESHOLD))
 
 
 def _preset(name: str | None) -> Any:

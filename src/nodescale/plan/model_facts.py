@@ -53,9 +53,7 @@ def measure_model(cfg: RunConfig, spec: InputSpec) -> ModelFacts:
     try:
         with on_meta_device():
             model = build_model(cfg.model, spec)
-    except UserError:
-        raise
-    except Exception as exc:  # any failure of the user's model here is about building it without memory
+    except Exception as exc:  # a model that builds for train fails here for want of values: say so
         raise cannot_build(cfg.model.name, exc) from None
     # Counted before the fake copy: moving to it unties tied weights (a GPT's embedding and output).
     shapes = tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
@@ -86,11 +84,12 @@ def _autocast(precision: str) -> torch.autocast | nullcontext[None]:
 
 def cannot_build(name: str, exc: BaseException) -> UserError:
     """The error for a model that does not build or run on fake (meta) tensors."""
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = exc.rule if isinstance(exc, UserError) else str(exc)  # the plugin loader's error says it already
+    reason = text.strip().splitlines()[0] if text.strip() else ""
     return UserError(
         f"--model {name}",
-        f"cannot be built and run without memory (fake tensors on the meta device): {type(exc).__name__}"
-        + (f": {reason[:200]}" if reason else ""),
+        "cannot be built and run without memory (fake tensors on the meta device): "
+        + (reason[:200] if isinstance(exc, UserError) else f"{type(exc).__name__}: {reason[:200]}"),
         "give the shape of one input sample with --sample-shape (e.g. 3,224,224 for images, 1024 for token "
         "windows); a model that reads real tensor values while building cannot be planned",
     )

@@ -13,7 +13,7 @@ What each strategy keeps, as its code does it:
   gradients are kept whole for every parameter that reaches into its slice (DeepSpeed 0.19's
   contiguous buffer), plus the padding.
 * ZeRO-3: ``ceil(numel / n)`` of each parameter, and whole copies of the parameters of at most
-  ``PERSISTENCE_THRESHOLD`` elements (DeepSpeed keeps those on every rank); gradients and the fp32
+  ``stage3_param_persistence_threshold`` elements (DeepSpeed keeps those on every rank); gradients and the fp32
   master and optimiser state of its partitions.
 """
 
@@ -109,21 +109,24 @@ def _largest_reach(numels: Sequence[int], part: int, ranks: int) -> int:
     return most
 
 
-def zero3_state(numels: Sequence[int], ranks: int, optimiser: Optimiser, param_bytes: int = FP32) -> StateBytes:
+def zero3_state(numels: Sequence[int], ranks: int, optimiser: Optimiser, param_bytes: int = FP32,
+                persistence_threshold: int = PERSISTENCE_THRESHOLD) -> StateBytes:
     """ZeRO-3 over ``ranks``: partitions of every parameter, whole copies of the small ones."""
     part = sum(ceil(numel / ranks) for numel in numels)
-    persistent = sum(numel for numel in numels if numel <= PERSISTENCE_THRESHOLD)
+    persistent = sum(numel for numel in numels if numel <= persistence_threshold)
     steps = FP32 if optimiser.step_tensors else 0
     return StateBytes(param_bytes * (part + persistent), param_bytes * part,
                       FP32 * part * (1 + optimiser.states) + steps)
 
 
 def state_bytes(option: StrategyOption, shapes: Sequence[Sequence[int]], world_size: int, ranks_per_node: int,
-                optimiser: Optimiser, precision: str = "fp32") -> StateBytes:
+                optimiser: Optimiser, precision: str = "fp32",
+                persistence_threshold: int = PERSISTENCE_THRESHOLD) -> StateBytes:
     """What one rank holds under ``option`` for parameters of ``shapes`` on ``world_size`` ranks.
 
     Torch-native strategies keep fp32 parameters under autocast; DeepSpeed keeps them in bf16/fp16
     (with an fp32 master copy in the optimiser) when the run is in that precision.
+    ``persistence_threshold``: ZeRO-3's ``stage3_param_persistence_threshold``.
     """
     numels = [prod(shape) for shape in shapes]
     ds_param = 2 if precision in ("bf16", "fp16") else FP32
@@ -133,7 +136,7 @@ def state_bytes(option: StrategyOption, shapes: Sequence[Sequence[int]], world_s
         ranks = min(ranks_per_node, world_size) if option.sharding == "hybrid" else world_size
         held = fsdp_state(shapes, ranks, optimiser)
     elif option.stage == 3:
-        held = zero3_state(numels, world_size, optimiser, ds_param)
+        held = zero3_state(numels, world_size, optimiser, ds_param, persistence_threshold)
     else:
         held = zero12_state(numels, world_size, option.stage, optimiser, ds_param)
     return _offloaded(held, option)
