@@ -25,12 +25,12 @@ from nodescale.plan.fake_model import fake_tensors, on_meta_device, saved_for_ba
 from nodescale.plan.hardware import Hardware, read_comm_results
 from nodescale.plan.model_facts import ModelFacts, measure_model
 from nodescale.plan.options import StrategyOption, all_options
-from nodescale.plan.state_bytes import Optimiser, state_bytes, zero12_state, zero3_state
+from nodescale.plan.state_bytes import Optimiser, state_bytes, zero3_state, zero12_state
 from nodescale.plan.step_time import Layout
 
 ADAM = Optimiser.named("adamw")
-BASE = ["plan", "--sample-shape", "1,8,8", "--num-classes", "10", "--train-samples", "1797", "--gpus-per-node", "4", "--gpu-memory", "40",
-        "--peak-tflops", "100"]
+BASE = ["plan", "--sample-shape", "1,8,8", "--num-classes", "10", "--train-samples", "1797", "--gpus-per-node", "4",
+        "--gpu-memory", "40", "--peak-tflops", "100"]
 
 
 def run_main(argv: list[str]) -> tuple[int, str, str]:

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import read_summary, run_cli
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.xdist_group("shared-runs")]  # the shared runs' worker
 pytest_plugins = ["shared_runs"]
 
 TOLERANCE = 0.02
@@ -26,49 +26,32 @@ ADAMW = ["train", "--max-steps", "2", "--batch-size", "8", "--no-progress", "--n
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, fsdp_equivalence_runs: dict[str, Path],
-         zero_equivalence_runs: dict[str, Path]) -> dict[str, Path]:
-    """Every run to check: the shared FSDP, ZeRO and DDP runs, and this module's two AdamW runs."""
+def adamw_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """This module's two runs: the cnn under FSDP and the vit under ZeRO-3, with AdamW."""
     root = tmp_path_factory.mktemp("plan-adamw")
     run_cli([*ADAMW, "--strategy", "fsdp", "--out", str(root / "adamw-cnn-full")], cwd=root)
     run_cli([*ADAMW, "--model", "vit_tiny", "--set", "model.patch_size=4", "--strategy", "deepspeed",
              "--zero-stage", "3", "--out", str(root / "adamw-vit-zero3")], cwd=root)
-    return {**fsdp_equivalence_runs, **zero_equivalence_runs,
-            "adamw-cnn-full": root / "adamw-cnn-full", "adamw-vit-zero3": root / "adamw-vit-zero3"}
+    return {path.name: path for path in root.iterdir()}
 
 
-def estimate(run_dir: Path) -> dict[str, int]:
-    """What the plan says one rank of the run in ``run_dir`` holds, from its config.yaml alone."""
+# Each run, and the fixture that makes it: a test sets up only its own (the timeout is per test).
+RUNS = {
+    **dict.fromkeys(["cnn-ddp", "vit-ddp"], "ddp_references"),
+    **dict.fromkeys(["cnn-full", "cnn-grad-op", "cnn-hybrid", "vit-full"], "fsdp_equivalence_runs"),
+    **dict.fromkeys([f"{model}-zero{stage}" for model in ("cnn", "vit") for stage in (1, 2, 3)],
+                    "zero_equivalence_runs"),
+    **dict.fromkeys(["adamw-cnn-full", "adamw-vit-zero3"], "adamw_runs"),
+}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_estimated_state_bytes_equal_the_measured(request: pytest.FixtureRequest, name: str) -> None:
+    run_dir = request.getfixturevalue(RUNS[name])[name]
+    measured = read_summary(run_dir)["state_bytes_per_rank"]
     from nodescale.config.load import load_config
-    from nodescale.plan.inputs import dataset_facts
-    from nodescale.plan.make import persistence_threshold
-    from nodescale.plan.model_facts import measure_model
-    from nodescale.plan.options import StrategyOption
-    from nodescale.plan.state_bytes import Optimiser, state_bytes
+    from nodescale.plan.make import planned_state
 
-    cfg = load_config(run_dir / "config.yaml")
-    spec, _ = dataset_facts(cfg)
-    facts = measure_model(cfg, spec)
-    strategy = cfg.strategy
-    if strategy.name == "deepspeed":
-        option = StrategyOption("zero", str(strategy.zero_stage))
-    elif strategy.name == "fsdp":
-        option = StrategyOption("fsdp", strategy.sharding)
-    else:
-        option = StrategyOption("ddp")
-    world = read_summary(run_dir)["world_size"]
-    held = state_bytes(option, facts.shapes, world, world, Optimiser.named(cfg.optim.name, cfg.optim.momentum),
-                       cfg.train.precision, persistence_threshold(cfg))
-    return held.as_dict()
-
-
-CHECKED = ["cnn-ddp", "cnn-full", "cnn-grad-op", "cnn-hybrid", "cnn-zero1", "cnn-zero2", "cnn-zero3",
-           "vit-ddp", "vit-full", "vit-zero1", "vit-zero2", "vit-zero3", "adamw-cnn-full", "adamw-vit-zero3"]
-
-
-@pytest.mark.parametrize("name", CHECKED)
-def test_estimated_state_bytes_equal_the_measured(runs: dict[str, Path], name: str) -> None:
-    measured = read_summary(runs[name])["state_bytes_per_rank"]
-    estimated = estimate(runs[name])
+    estimated = planned_state(load_config(run_dir / "config.yaml"), read_summary(run_dir)["world_size"]).as_dict()
     for kind in (*KINDS, "total_bytes"):
         assert abs(estimated[kind] - measured[kind]) <= TOLERANCE * measured[kind], (name, kind, estimated, measured)

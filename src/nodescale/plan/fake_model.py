@@ -9,7 +9,7 @@ pins what the plan relies on, on whichever torch runs it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch

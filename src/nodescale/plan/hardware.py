@@ -49,7 +49,8 @@ def resolve_hardware(preset: Preset | None, precision: str, tf32: bool | None, g
     peak = peak_tflops * 1e12 if peak_tflops else (entry.flops(dtype) if entry else None)
     if memory_gb is None or peak is None:
         unknown = [what for what, value in (("memory", memory_gb), (f"{dtype} peak", peak)) if value is None]
-        flags = [flag for flag, value in (("--gpu-memory GB", memory_gb), ("--peak-tflops TFLOPS", peak)) if value is None]
+        asked = (("--gpu-memory GB", memory_gb), ("--peak-tflops TFLOPS", peak))
+        flags = [flag for flag, value in asked if value is None]
         raise UserError(f"the GPU of {where}" + (f" ({model})" if model else ""),
                         f"its {' and '.join(unknown)} {'are' if len(unknown) > 1 else 'is'} not known to nodescale",
                         f"give {' and '.join(flags)} from the GPU's datasheet, e.g. --gpu-memory 40 --peak-tflops 312")

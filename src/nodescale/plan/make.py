@@ -12,7 +12,7 @@ from nodescale.plan.hardware import Hardware, resolve_hardware
 from nodescale.plan.inputs import dataset_facts, sample_spec
 from nodescale.plan.model_facts import ModelFacts, measure_model
 from nodescale.plan.options import StrategyOption, options_for_strategy
-from nodescale.plan.state_bytes import PERSISTENCE_THRESHOLD, Optimiser
+from nodescale.plan.state_bytes import PERSISTENCE_THRESHOLD, Optimiser, StateBytes, state_bytes
 from nodescale.plan.step_time import Layout
 
 if TYPE_CHECKING:
@@ -82,6 +82,22 @@ def make_plan(cfg: RunConfig, settings: PlanSettings) -> Plan:
     if settings.deadline_s is not None and best is not None and best.ask_s > settings.deadline_s:
         notes.append(f"on {nodes} node(s) the deadline is not met; leave --nodes out to find the node count that does")
     return Plan(facts, hardware, work, layout, rows, best, notes, cfg.model.name)
+
+
+def planned_state(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None) -> StateBytes:
+    """The state bytes per rank the plan gives ``cfg``'s own strategy (what its run reports in summary.json)."""
+    spec, _ = dataset_facts(cfg)
+    facts = measure_model(cfg, spec)
+    strategy = cfg.strategy
+    if strategy.name == "deepspeed":
+        option = StrategyOption("zero", str(strategy.zero_stage if strategy.zero_stage is not None else 2))
+    elif strategy.name == "fsdp":
+        option = StrategyOption("fsdp", strategy.sharding)
+    else:
+        option = StrategyOption("ddp")
+    return state_bytes(option, facts.shapes, world_size, ranks_per_node or world_size,
+                       Optimiser.named(cfg.optim.name, cfg.optim.momentum), cfg.train.precision,
+                       persistence_threshold(cfg))
 
 
 def persistence_threshold(cfg: RunConfig) -> int:
