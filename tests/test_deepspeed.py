@@ -58,7 +58,6 @@ def mpiexec(args: list[str], cwd: Path) -> None:
     assert result.returncode == 0, f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
 
 
-@pytest.mark.xdist_group("shared-runs")  # on the worker that made the shared runs (tests/shared_runs.py)
 @pytest.mark.parametrize("model", ["cnn", "vit"])
 @pytest.mark.parametrize("stage", STAGES)
 def test_zero_ends_with_the_weights_of_ddp(equivalence_runs: dict[str, Path], model: str, stage: int) -> None:
@@ -69,7 +68,6 @@ def test_zero_ends_with_the_weights_of_ddp(equivalence_runs: dict[str, Path], mo
     assert summary["val_samples"] == 359  # every rank took part in evaluation, every sample once
 
 
-@pytest.mark.xdist_group("shared-runs")  # on the worker that made the shared runs (tests/shared_runs.py)
 def test_zero3_shards_parameters_and_gradients(equivalence_runs: dict[str, Path]) -> None:
     ddp = read_summary(equivalence_runs["vit-ddp"])["state_bytes_per_rank"]
     zero3 = read_summary(equivalence_runs["vit-zero3"])["state_bytes_per_rank"]
@@ -79,7 +77,6 @@ def test_zero3_shards_parameters_and_gradients(equivalence_runs: dict[str, Path]
     assert 0.9 * ddp["optimizer_bytes"] < zero3["optimizer_bytes"] < 1.1 * ddp["optimizer_bytes"]
 
 
-@pytest.mark.xdist_group("shared-runs")  # on the worker that made the shared runs (tests/shared_runs.py)
 def test_zero1_shards_the_optimizer_state_only(equivalence_runs: dict[str, Path]) -> None:
     ddp = read_summary(equivalence_runs["vit-ddp"])["state_bytes_per_rank"]
     zero1 = read_summary(equivalence_runs["vit-zero1"])["state_bytes_per_rank"]
@@ -144,7 +141,6 @@ def test_an_exported_zero_checkpoint_loads_into_the_plain_model(saved_run: Path,
     assert info["layout"] == "deepspeed" and info["step"] == 8 and info["world_size"] == 2
 
 
-@pytest.mark.xdist_group("shared-runs")  # on the worker that made the shared runs (tests/shared_runs.py)
 def test_mpiexec_starts_deepspeed_ranks(equivalence_runs: dict[str, Path]) -> None:
     """Open MPI's mpiexec (vit-zero3): nodescale reads the ranks from OMPI_* and DeepSpeed reuses its process group."""
     summary = read_summary(equivalence_runs["vit-zero3"])
@@ -160,7 +156,6 @@ def test_zero_trains_in_bf16(model: str, data: list[str], tmp_path: Path) -> Non
     assert summary["precision"] == "bf16" and summary["val_loss"] == pytest.approx(summary["val_loss"])  # not NaN
 
 
-@pytest.mark.xdist_group("shared-runs")  # on the worker that made the shared runs (tests/shared_runs.py)
 def test_the_lumi_seed_config_with_its_trailing_comma_runs(equivalence_runs: dict[str, Path]) -> None:
     run_dir = equivalence_runs["cnn-zero1"]  # trained with LUMI_SEED_CONFIG
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["strategy"]["deepspeed_config"].endswith("lumi.json")

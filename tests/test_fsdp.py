@@ -46,7 +46,6 @@ def equivalence_runs(fsdp_equivalence_runs: dict[str, Path]) -> dict[str, Path]:
     return fsdp_equivalence_runs
 
 
-@pytest.mark.xdist_group("shared-runs")  # on the worker that made the shared runs (tests/shared_runs.py)
 @pytest.mark.parametrize("mode", MODES)
 def test_fsdp_cnn_ends_with_the_weights_of_ddp(equivalence_runs: dict[str, Path], mode: str) -> None:
     fsdp = final_weights(equivalence_runs[f"cnn-{mode}"])
@@ -56,13 +55,11 @@ def test_fsdp_cnn_ends_with_the_weights_of_ddp(equivalence_runs: dict[str, Path]
     assert summary["val_samples"] == 359  # evaluated through the sharded model, every sample once
 
 
-@pytest.mark.xdist_group("shared-runs")  # on the worker that made the shared runs (tests/shared_runs.py)
 def test_fsdp_vit_ends_with_the_weights_of_ddp(equivalence_runs: dict[str, Path]) -> None:
     fsdp = final_weights(equivalence_runs["vit-full"])
     assert max_difference(fsdp, final_weights(equivalence_runs["vit-ddp"])) < TOLERANCE
 
 
-@pytest.mark.xdist_group("shared-runs")  # on the worker that made the shared runs (tests/shared_runs.py)
 def test_sharding_divides_the_training_state_per_rank(equivalence_runs: dict[str, Path]) -> None:
     """Parameters + gradients + optimiser state: about half of DDP's with full sharding on 2 ranks."""
     def state_bytes(name: str) -> dict[str, int]:

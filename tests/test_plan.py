@@ -54,10 +54,10 @@ def test_fsdp_shards_rows_and_rank_zero_holds_the_most() -> None:
 
 
 def test_zero12_keeps_whole_gradients_of_the_parameters_reaching_into_its_slice() -> None:
-    # 10 + 6 elements, padded to 16 (a multiple of 2 x 2 ranks): slices [0, 8) and [8, 16).
-    held = zero12_state([10, 6], 2, 2, ADAM)
+    # 10 + 5 elements, padded to 16 (a multiple of 2 x 2 ranks): slices [0, 8) and [8, 16).
+    held = zero12_state([10, 5], 2, 2, ADAM)
     assert held.parameter_bytes == 4 * 16
-    assert held.gradient_bytes == 4 * 16  # rank 1's slice reaches into both parameters
+    assert held.gradient_bytes == 4 * 16  # rank 1's slice reaches into both parameters, and the padding
     assert held.optimizer_bytes == 4 * 8 * 3 + 4  # fp32 master, two states, one step for the flat group
     assert zero12_state([8, 8], 2, 1, ADAM).gradient_bytes == 4 * 8
 
@@ -106,8 +106,8 @@ def test_views_share_a_storage_key_and_parameters_are_not_activations() -> None:
     assert storage_key(base[1:]) == storage_key(base) != storage_key(torch.zeros(4, 4))
     layer = torch.nn.Linear(3, 3)
     with saved_for_backward(layer, []) as saved:
-        layer(torch.zeros(2, 3))
-    assert saved.total == 2 * 3 * 4  # the input only, not the weight linear saves too
+        layer(torch.zeros(2, 3, requires_grad=True))
+    assert saved.total == 2 * 3 * 4  # the input only, not the weight it saves too (for the input's gradient)
 
 
 def test_the_meta_device_serves_where_fake_tensor_mode_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:

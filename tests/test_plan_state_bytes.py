@@ -17,7 +17,7 @@ import pytest
 
 from conftest import read_summary, run_cli
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.xdist_group("shared-runs")]  # the shared runs' worker
+pytestmark = pytest.mark.multiproc
 pytest_plugins = ["shared_runs"]
 
 TOLERANCE = 0.02
