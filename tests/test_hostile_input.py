@@ -250,7 +250,7 @@ plan_options = st.lists(
     .filter(lambda t: t[1] != "--").map(lambda t: f"{t[0]}={t[1]}"), max_size=4)
 
 
-@few(40)
+@few(25)
 @given(options=plan_options)
 def test_cli_plan_random(options: list[str]) -> None:
     """Every plan flag, hostile or absurd: a plan or a UserError (exit 2), never a traceback."""
