@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from conftest import cli_env, final_weights, max_difference, read_summary, run_cli
-from test_fsdp import BF16_MODELS, plain_model, torchrun
+from test_fsdp import BF16_MODELS, plain_model
 
 pytestmark = pytest.mark.multiproc
 pytest_plugins = ["shared_runs"]  # ddp_references: the DDP runs ZeRO must match, shared with test_fsdp.py
@@ -44,24 +44,9 @@ LUMI_SEED_CONFIG = """{
 
 
 @pytest.fixture(scope="module")
-def equivalence_runs(tmp_path_factory: pytest.TempPathFactory, ddp_references: dict[str, Path]) -> dict[str, Path]:
-    """The DDP references, and each ZeRO stage on their commands (the cnn and the vit)."""
-    from shared_runs import CNN, VIT  # here, not above: pytest imports the plugin first, to rewrite its asserts
-
-    root = tmp_path_factory.mktemp("deepspeed-equivalence")
-    (root / "partition_all.json").write_text(json.dumps(PARTITION_ALL))
-    (root / "lumi.json").write_text(LUMI_SEED_CONFIG)
-    for stage in STAGES:
-        deepspeed = ["--strategy", "deepspeed", "--zero-stage", str(stage)]
-        # Stage 1 reads the LUMI seed config: one run proves both that it parses and that ZeRO-1 matches DDP.
-        cnn_config = ["--deepspeed-config", "lumi.json"] if stage == 1 else []
-        run_cli([*CNN, *deepspeed, *cnn_config, "--nproc", "2", "--out", str(root / f"cnn-zero{stage}")], cwd=root)
-        vit = [*VIT, *deepspeed, "--deepspeed-config", "partition_all.json", "--out", str(root / f"vit-zero{stage}")]
-        if stage == 3:  # Open MPI's mpiexec starts these ranks: nodescale reads them from OMPI_*
-            mpiexec(vit, cwd=root)
-        else:
-            torchrun(2, vit, cwd=root)
-    return {**ddp_references, **{path.name: path for path in root.iterdir() if path.is_dir()}}
+def equivalence_runs(zero_equivalence_runs: dict[str, Path]) -> dict[str, Path]:
+    """The DDP references, and each ZeRO stage on their commands (made once per session: tests/shared_runs.py)."""
+    return zero_equivalence_runs
 
 
 def mpiexec(args: list[str], cwd: Path) -> None:

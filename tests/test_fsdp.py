@@ -20,7 +20,7 @@ import yaml
 from conftest import cli_env, final_weights, max_difference, read_summary, run_cli
 
 pytestmark = pytest.mark.multiproc
-pytest_plugins = ["shared_runs"]  # ddp_references: the DDP runs FSDP must match, shared with test_deepspeed.py
+pytest_plugins = ["shared_runs"]  # the DDP runs FSDP must match, and FSDP's, shared with other modules
 
 MODES = ("full", "grad-op", "hybrid", "none")
 # FSDP2 reduce-scatters the same gradient sums DDP all-reduces. With SGD the weights have come out
@@ -41,15 +41,9 @@ def torchrun(nproc: int, args: list[str], cwd: Path) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def equivalence_runs(tmp_path_factory: pytest.TempPathFactory, ddp_references: dict[str, Path]) -> dict[str, Path]:
-    """The DDP references, and FSDP on their commands: the cnn in each sharding mode, the vit fully sharded."""
-    from shared_runs import CNN, VIT  # here, not above: pytest imports the plugin first, to rewrite its asserts
-
-    root = tmp_path_factory.mktemp("fsdp-equivalence")
-    for mode in MODES:
-        torchrun(2, [*CNN, "--strategy", "fsdp", "--sharding", mode, "--out", str(root / f"cnn-{mode}")], cwd=root)
-    torchrun(2, [*VIT, "--strategy", "fsdp", "--out", str(root / "vit-full")], cwd=root)
-    return {**ddp_references, **{path.name: path for path in root.iterdir()}}
+def equivalence_runs(fsdp_equivalence_runs: dict[str, Path]) -> dict[str, Path]:
+    """The DDP references, and FSDP on their commands (made once per session: tests/shared_runs.py)."""
+    return fsdp_equivalence_runs
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import signal
@@ -244,6 +245,28 @@ def test_cli_launch_dry_run_random(options: list[str], scheduler: str | None, co
         if code == 0 and stdout.startswith("# "):  # a Slurm or PBS script, after the submit line
             _, _, script = stdout.partition("\n")
             bash_n(script, Path(tmp))
+
+
+plan_options = st.lists(
+    st.tuples(st.sampled_from(["--cluster", "--nodes", "--gpus-per-node", "--train-samples", "--sample-shape",
+                               "--num-classes", "--deadline", "--comm", "--gpu-memory", "--peak-tflops",
+                               "--efficiency", "--strategy"]),
+              st.one_of(st.sampled_from(["derecho", "mahti", "1", "0", "-1", "2.5", "1e309", "nan", "inf", "3,8,8",
+                                         "1,8,8,8,8", "8", "00:00:01", "1-00:00:00", "99:99:99", "auto", "fsdp",
+                                         "/nonexistent.json", "1,,8"]), arg_text))
+    .filter(lambda t: t[1] != "--").map(lambda t: f"{t[0]}={t[1]}"), max_size=4)
+
+
+@few(25)
+@given(options=plan_options)
+def test_cli_plan_random(options: list[str]) -> None:
+    """Every plan flag, hostile or absurd: a plan or a UserError (exit 2), never a traceback."""
+    argv = ["plan", "--sample-shape", "1,8,8", "--num-classes", "10", "--train-samples", "100", "--gpus-per-node",
+            "2", "--gpu-memory", "40", "--peak-tflops", "10", *options, "--json"]
+    code, stdout, stderr = run_main(argv)
+    check_outcome(argv, code, stderr)
+    if code == 0:
+        assert json.loads(stdout)["rows"]
 
 
 def test_launch_option_given_double_dash() -> None:

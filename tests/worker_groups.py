@@ -15,6 +15,7 @@ import pytest
 # Files sharing a session fixture -> the group that keeps them on one worker.
 SHARED_FIXTURES = {
     "test_fsdp.py": "ddp_references", "test_deepspeed.py": "ddp_references",
+    "test_plan_state_bytes.py": "ddp_references",  # and the FSDP and ZeRO runs of tests/shared_runs.py
     "test_training.py": "uninterrupted_two_rank_run", "test_restarts.py": "uninterrupted_two_rank_run",
     "test_launch_schedulers.py": "slurm_cluster", "test_converted_scripts.py": "slurm_cluster",
     "test_tutorial.py": "slurm_cluster", "test_preemption.py": "slurm_cluster",
@@ -24,7 +25,7 @@ SHARED_FIXTURES = {
 # Seconds each group took on 2 cores (for the order only: a stale figure costs a few seconds, not a failure).
 # Groups not listed are quick and go after these.
 SECONDS = {
-    "ddp_references": 380, "slurm_cluster": 350, "uninterrupted_two_rank_run": 170, "test_language_models.py": 60,
+    "ddp_references": 420, "slurm_cluster": 350, "uninterrupted_two_rank_run": 170, "test_language_models.py": 60,
     "test_engine_api.py": 95, "test_tensor_parallel.py": 40, "test_watchdog.py": 40, "test_user_plugins.py": 40,
     "test_bench_comm.py": 40, "test_activation_checkpointing.py": 35,
 }

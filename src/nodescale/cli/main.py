@@ -19,6 +19,7 @@ from nodescale.cli import (
     launch_cmd,
     list_cmd,
     logs_cmd,
+    plan_cmd,
     report_cmd,
     train_cmd,
 )
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cmd.add_parser(subparsers)
     config_cmd.add_parser(subparsers)
     launch_cmd.add_parser(subparsers)
+    plan_cmd.add_parser(subparsers)
     checkpoint_cmd.add_parser(subparsers)
     doctor_cmd.add_parser(subparsers)
     bench_cmd.add_parser(subparsers)

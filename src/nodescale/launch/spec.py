@@ -69,6 +69,12 @@ class Preset(Strict):
     container: Container | None = None
     container_required: bool = Field(False, description="PyTorch exists here only inside a container: a job "
                                      "without one is warned about")
+    # What `nodescale plan` prices a node by; absent where no public source says (plan then asks for it).
+    gpu_model: str | None = Field(None, description="the GPU as torch names it, a bench/peaks.yaml name "
+                                  "(e.g. NVIDIA A100-SXM4-40GB)")
+    gpu_memory_gb: float | None = Field(None, gt=0, description="memory of one GPU in GB, as its datasheet says")
+    interconnect_gbps: float | None = Field(None, gt=0, description="network bandwidth of one node, GB/s per "
+                                            "direction, all its NICs together")
 
 
 class JobSpec(Strict):
