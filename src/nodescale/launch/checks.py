@@ -12,8 +12,8 @@ import warnings
 
 from nodescale.errors import UserError
 from nodescale.launch.envcheck import EnvWarning, check_env
-from nodescale.launch.software import warn_without_container
 from nodescale.launch.restarts import check_restarts
+from nodescale.launch.software import warn_without_container
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # What a project/account looks like on each built-in cluster, for the hint when it is missing.
