@@ -71,3 +71,48 @@ def test_accumulationwindow_totals() -> None:
     assert window_totals([4, 4, 3], start=2, accum=2) == [8, 8, 3]
     assert window_totals([4, 4, 4], start=1, accum=2) == [4, 8, 8]
     assert window_totals([5, 5], start=0, accum=1) == [5, 5]
+
+
+def _grouped_epoch(groups: tuple[int, ...], world: int, batch: int, epoch: int, shuffle: bool = True,
+                   unreadable: frozenset[int] = frozenset()) -> list[list[int]]:
+    seen = []
+    for rank in range(world):
+        plan = ShardPlan(sum(groups), world, rank, batch, 5, shuffle, groups, unreadable)
+        seen.append([int(i) for b in plan.batches(epoch) for i, w in zip(b.indices, b.weights, strict=True) if w > 0])
+    return seen
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("groups", [(10, 10, 10, 7), (1,) * 5, (40,), (3, 9, 1, 14, 2)])
+def test_shards_every_sample_once_per_epoch_and_each_rank_reads_few_shards(world: int, groups: tuple[int, ...]) -> None:
+    starts = [sum(groups[:i]) for i in range(len(groups))]
+    shard_of = {index: s for s, start in enumerate(starts) for index in range(start, start + groups[s])}
+    epochs = [_grouped_epoch(groups, world, 4, epoch) for epoch in range(3)]
+    for seen in epochs:
+        assert sorted(i for rank in seen for i in rank) == list(range(sum(groups)))
+        # each rank reads a contiguous piece of the shards: only where two pieces meet is a shard shared
+        readers = [sum(s in {shard_of[i] for i in rank} for rank in seen) for s in range(len(groups))]
+        assert sum(r - 1 for r in readers) <= world - 1
+    # the shards of a rank stay the same from epoch to epoch (they can be staged); the order changes
+    assert all({shard_of[i] for i in epochs[0][r]} == {shard_of[i] for i in epochs[2][r]} for r in range(world))
+    if sum(groups) > 5:
+        assert epochs[0] != epochs[1]
+
+
+def test_shards_order_is_shards_then_positions_and_sequential_is_stored() -> None:
+    assert _grouped_epoch((4, 3, 5), 1, 5, 0, shuffle=False) == [list(range(12))]
+    order = _grouped_epoch((4, 3, 5), 1, 5, 0)[0]
+    runs = [order[:4], order[4:7], order[7:]]  # each shard read whole before the next: no shuffle buffer
+    assert sorted(len({(i >= 4) + (i >= 7) for i in run}) for run in runs) == [1, 1, 1]
+    assert order != sorted(order)
+
+
+def test_unreadable_samples_weigh_zero_on_every_rank_and_keep_the_steps() -> None:
+    groups, bad = (6, 6, 5), frozenset({6, 7, 8, 9, 10, 11})
+    seen = _grouped_epoch(groups, 2, 3, 0, unreadable=bad)
+    assert sorted(i for rank in seen for i in rank) == sorted(set(range(17)) - bad)
+    plans = [ShardPlan(17, 2, rank, 3, 5, True, groups, bad) for rank in range(2)]
+    steps = [plan.batches(0) for plan in plans]
+    assert len(steps[0]) == len(steps[1]) == ShardPlan(17, 2, 0, 3).steps_per_epoch
+    for one, two in zip(*steps, strict=True):
+        assert one.global_count == two.global_count == one.real_count + two.real_count
