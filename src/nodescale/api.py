@@ -176,8 +176,10 @@ class Context:
         ``batch_size`` is per process. ``pad=True`` keeps every rank at the same number of batches
         (training); ``pad=False`` gives each rank only its samples (evaluation with ``ctx.sum``).
         """
+        # A dataset stored in shards says so (shard_sizes, unreadable): each rank then reads few of them.
         plan = ShardPlan(len(dataset), self.runtime.data_parallel_size, self.runtime.data_parallel_rank, batch_size,
-                         self.cfg.train.seed if seed is None else seed, shuffle)
+                         self.cfg.train.seed if seed is None else seed, shuffle,
+                         tuple(getattr(dataset, "shard_sizes", ())), frozenset(getattr(dataset, "unreadable", ())))
         loader = EpochLoader(dataset, plan, pad=pad, drop_last=drop_last, grad_accum=self.cfg.train.grad_accum,
                              device=self.device, on_batch=self._drew if pad else None,
                              clock=self.record.synced_time, **loader_options)

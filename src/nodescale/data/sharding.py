@@ -93,7 +93,7 @@ class ShardPlan:
     def _grouped(self, epoch: int) -> torch.Tensor:
         """(world_size, shard_size): each rank's positions, from its contiguous piece of the runs."""
         starts = [0, *itertools.accumulate(self.groups)][:-1]
-        runs = [torch.arange(start, start + length) for start, length in zip(starts, self.groups)]
+        runs = [torch.arange(start, start + length) for start, length in zip(starts, self.groups, strict=True)]
         if self.shuffle:  # which runs a rank reads: from the seed alone, the same every epoch
             fixed = torch.Generator().manual_seed(self.seed)
             runs = [runs[i] for i in torch.randperm(len(runs), generator=fixed).tolist()]
