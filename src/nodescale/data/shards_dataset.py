@@ -101,6 +101,10 @@ class ShardsDataset(Dataset):
             raise UserError(self._name(index), f"cannot be decoded as .{ext} ({err})",
                             "re-create the shard, or remove the sample") from err
         x = torch.from_numpy(np.array(array)).float()
+        if self.normalise.get("hwc"):  # stored as the HDF5 file holds it: (H, W, C)
+            x = x.permute(2, 0, 1)
+        if "shape" in self.normalise:
+            x = x.reshape(self.normalise["shape"])
         scale = float(self.normalise.get("scale", 255.0 if array.dtype == np.uint8 else 1.0))
         mean = torch.tensor(self.normalise.get("mean", (0.0,)), dtype=torch.float32)
         std = torch.tensor(self.normalise.get("std", (1.0,)), dtype=torch.float32)
