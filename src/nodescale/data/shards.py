@@ -37,9 +37,10 @@ _LIST = re.compile(r"\{([^{}]*,[^{}]*)\}")
 
 def expand_braces(pattern: str) -> list[str]:
     """``{000..009}`` (zero-padded as written) and ``{a,b}`` expanded, left to right."""
-    match = _RANGE.search(pattern) or _LIST.search(pattern)
-    if match is None:
+    matches = [m for m in (_RANGE.search(pattern), _LIST.search(pattern)) if m is not None]
+    if not matches:
         return [pattern]
+    match = min(matches, key=lambda m: m.start())  # the leftmost first, as a shell does
     if match.re is _RANGE:
         first, last = match.group(1), match.group(2)
         if int(last) < int(first) or int(last) - int(first) > 1_000_000:

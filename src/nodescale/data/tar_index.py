@@ -65,6 +65,21 @@ def _label(ext: str, data: bytes, path: str, key: str) -> int:
                         "write the class as a decimal integer in KEY.cls, or as {\"cls\": N} in KEY.json") from err
 
 
+def _end_damage(tar: tarfile.TarFile, size: int) -> str | None:
+    """Why the archive does not end as a whole one does (with two zero blocks), or None.
+
+    ``tarfile`` ends its listing silently at a header cut short or garbled after the first, so
+    a shard truncated between members, or damaged in a header, shows only here.
+    """
+    end = tar.offset  # just after the last member read
+    tar.fileobj.seek(end)  # type: ignore[union-attr]
+    rest = tar.fileobj.read(size - end) if size - end <= 1 << 20 else b"x"  # type: ignore[union-attr]
+    if len(rest) >= 1024 and not rest.strip(b"\0"):
+        return None
+    what = "is truncated" if len(rest) < 1024 else "has a damaged header"
+    return f"{what}: the readable members end at byte {end}, the file has {size}"
+
+
 def build_index(path: str) -> ShardIndex:
     """Read the headers of the tar at ``path``; damage ends the index, the samples before it stay."""
     index = ShardIndex(path)
@@ -90,6 +105,8 @@ def build_index(path: str) -> ShardIndex:
                     handle = tar.extractfile(member)
                     assert handle is not None  # a regular file
                     pending["label"] = _label(ext, handle.read(), path, key)
+            if index.damage is None:
+                index.damage = _end_damage(tar, size)
     except (tarfile.TarError, EOFError) as err:
         index.damage = f"is not a readable tar archive after {len(samples)} samples ({err})"
     if index.damage is not None and samples:

@@ -1,0 +1,258 @@
+"""The shards format and ``nodescale data pack``/``inspect``: real tar files written and read here.
+
+Which rank reads which sample is ShardPlan's (tests/test_sharding.py: once per epoch on 1, 2 and
+3 ranks); here: the tar reading, packing, staging, bad input, and real training runs: a packed
+folder trains to the folder's weights under data.order=sequential, and 2 ranks resume exactly.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from PIL import Image
+
+from conftest import final_weights, max_difference, read_summary, run_cli
+from nodescale.config.schema import DataSection
+from nodescale.data.epoch_loader import EpochLoader
+from nodescale.data.pack import pack, parse_size, plan_shards
+from nodescale.data.registry import get_format
+from nodescale.data.sharding import ShardPlan
+from nodescale.data.shards import expand_braces, find_shards
+from nodescale.errors import UserError
+
+SGD = ["--optimizer", "sgd", "--lr", "0.05", "--set", "optim.schedule=constant", "--no-progress", "--seed", "3",
+       "--model", "cnn", "--batch-size", "4"]
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("NODESCALE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def write_folder(root: Path, per_class: int = 8, splits: tuple[str, ...] = ("train", "val")) -> Path:
+    """12x12 class folders of PNGs and JPEGs (the JPEGs' bytes are kept as they are by pack)."""
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for name in ("ant", "bee", "cow"):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(per_class if split == "train" else 2):
+                pixels = rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / (f"{i:02d}.png" if i % 2 else f"{i:02d}.jpg"))
+    return root
+
+
+def load(location: Path | str, **fields):  # noqa: ANN201
+    cfg = DataSection(name="shards", dir=Path(location), **fields)
+    fmt = get_format("shards")
+    fmt.check(cfg)
+    fmt.prepare(cfg)
+    return fmt.load(cfg, seed=0)
+
+
+def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("packed")
+    write_folder(root / "folder")
+    pack(root / "folder", root / "shards", parse_size("8KB"), workers=2)
+    return root
+
+
+# ---------------------------------------------------------------- pack, read, inspect
+
+
+def test_pack_keeps_the_bytes_and_the_order_and_writes_a_manifest(packed: Path) -> None:
+    manifest = json.loads((packed / "shards" / "manifest.json").read_text())
+    assert manifest["classes"] == ["ant", "bee", "cow"]
+    assert manifest["splits"]["train"]["samples"] == 24 and manifest["splits"]["val"]["samples"] == 6
+    assert manifest["splits"]["train"]["class_counts"] == [8, 8, 8]
+    shards = manifest["splits"]["train"]["shards"]
+    assert len(shards) > 2 and sum(s["samples"] for s in shards) == 24
+    with tarfile.open(packed / "shards" / shards[0]["name"]) as tar:
+        names = tar.getnames()
+        assert names[:2] == ["000000000.jpg", "000000000.cls"]
+        original = (packed / "folder" / "train" / "ant" / "00.jpg").read_bytes()
+        assert tar.extractfile(names[0]).read() == original  # not re-encoded
+    splits = load(packed / "shards")
+    folder = get_format("imagefolder").load(DataSection(name="imagefolder", dir=packed / "folder"), seed=0)
+    assert splits.spec == folder.spec
+    for i in (0, 5, 23):
+        assert torch.equal(splits.train[i][0], folder.train[i][0]) and splits.train[i][1] == folder.train[i][1]
+
+
+def test_pack_as_two_cluster_tasks_makes_the_same_shards_and_the_last_writes_the_manifest(
+        packed: Path, tmp_path: Path) -> None:
+    out = tmp_path / "two"
+    first = pack(packed / "folder", out, parse_size("8KB"), workers=1, environ={"SLURM_PROCID": "1",
+                                                                               "SLURM_NTASKS": "2"})
+    assert first is None and not (out / "manifest.json").exists()
+    second = pack(packed / "folder", out, parse_size("8KB"), workers=1, environ={"RANK": "0", "WORLD_SIZE": "2"})
+    assert second == json.loads((packed / "shards" / "manifest.json").read_text())
+    with pytest.raises(UserError, match="RANK=2 WORLD_SIZE=2"):
+        pack(packed / "folder", out, 1000, environ={"RANK": "2", "WORLD_SIZE": "2"})
+
+
+def test_shard_plan_cuts_by_size_and_keeps_every_sample() -> None:
+    assert plan_shards(np.array([1000, 1000, 1000, 5000, 10]), 6000) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert parse_size("1GB") == 10**9 and parse_size("256MiB") == 256 * 2**20 and parse_size("4096") == 4096
+
+
+@given(st.text(max_size=12))
+def test_shard_size_is_a_size_or_a_user_error(text: str) -> None:
+    try:
+        assert parse_size(text) >= 1
+    except UserError as err:
+        assert "--shard-size" in str(err)
+
+
+def test_brace_lists_and_globs_name_the_shards(packed: Path) -> None:
+    assert expand_braces("d/t-{08..10}.tar") == ["d/t-08.tar", "d/t-09.tar", "d/t-10.tar"]
+    assert expand_braces("{a,b}-{0..1}") == ["a-0", "a-1", "b-0", "b-1"]
+    shards = packed / "shards"
+    assert find_shards(str(shards / "train-{000000..000001}.tar")) == [
+        str(shards / "train-000000.tar"), str(shards / "train-000001.tar")]
+    assert len(load(str(shards / "train-*.tar"), val_dir=shards / "val-*.tar").train) == 24
+    with pytest.raises(UserError, match="train-000098.tar: does not exist"):
+        find_shards(str(shards / "train-{000098..000099}.tar"))
+
+
+def test_cli_data_help_pack_and_inspect(packed: Path) -> None:
+    assert "pack" in run_cli(["data", "--help"], cwd=packed).stdout
+    text = run_cli(["data", "inspect", "shards"], cwd=packed).stdout
+    assert "format   shards" in text and "train    24 samples in" in text and "classes  3 (ant, bee, cow)" in text
+    assert "imagefolder" in run_cli(["data", "inspect", "folder"], cwd=packed).stdout
+    bad = run_cli(["data", "pack", "folder", "--out", "x", "--shard-size", "big"], cwd=packed, check=False)
+    assert bad.returncode == 2 and "--shard-size 'big'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ---------------------------------------------------------------- order and resume, without processes
+
+
+def test_loader_on_shards_resumes_mid_epoch_exactly(packed: Path) -> None:
+    dataset = load(packed / "shards").train
+
+    def loader(rank: int) -> EpochLoader:
+        plan = ShardPlan(len(dataset), 2, rank, 3, 7, True, dataset.shard_sizes)
+        return EpochLoader(dataset, plan, pad=True, drop_last=False, grad_accum=1, device=torch.device("cpu"))
+
+    whole = [[y.tolist() for _, y in loader(rank)] for rank in range(2)]
+    for rank in range(2):
+        first = loader(rank)
+        iterator = iter(first)
+        for _ in range(2):
+            next(iterator)
+        again = loader(rank)
+        again.load_state_dict(first.state_dict())
+        assert [y.tolist() for _, y in again] == whole[rank][2:]
+    other = EpochLoader(dataset, ShardPlan(len(dataset), 1, 0, 6, 7, True, dataset.shard_sizes), pad=True,
+                        drop_last=False, grad_accum=1, device=torch.device("cpu"))
+    with pytest.warns(UserWarning, match="start of epoch 1"):  # pieces are per rank: not across world sizes
+        other.load_state_dict(first.state_dict())
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_truncated_shard_stops_or_is_skipped_as_weight_zero_samples(packed: Path, tmp_path: Path) -> None:
+    shutil.copytree(packed / "shards", tmp_path / "s")
+    victim = tmp_path / "s" / "train-000001.tar"
+    victim.write_bytes(victim.read_bytes()[:1500])  # inside the first sample's data
+    with pytest.raises(UserError, match=f"shard {victim}: is truncated"):
+        load(tmp_path / "s")
+    with pytest.warns(UserWarning, match="train-000001.tar"):
+        splits = load(tmp_path / "s", skip_bad_samples=True)
+    lost = json.loads((tmp_path / "s" / "manifest.json").read_text())["splits"]["train"]["shards"][1]["samples"]
+    assert len(splits.train) == 24 and len(splits.train.unreadable) == lost
+
+
+def test_corrupt_tar_names_the_file_and_exits_2(packed: Path, tmp_path: Path) -> None:
+    shutil.copytree(packed / "shards", tmp_path / "s")
+    victim = tmp_path / "s" / "train-000000.tar"
+    data = bytearray(victim.read_bytes())
+    data[0:100] = b"\x07" * 100  # the first header's name and checksum
+    victim.write_bytes(bytes(data))
+    result = run_cli(["train", "--dataset", "shards", "--data-dir", "s", "--nproc", "1", "--max-steps", "1", *SGD],
+                     cwd=tmp_path, check=False)
+    assert result.returncode == 2 and f"shard {victim}: is not a readable tar archive" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_sample_without_a_label_names_the_file_and_the_key(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    with tarfile.open(tmp_path / "d" / "train-000000.tar", "w") as tar:
+        add(tar, "a/k1.npy", _npy(np.zeros((1, 4, 4), np.uint8)))
+        add(tar, "a/k1.json", json.dumps({"cls": 1}).encode())
+        add(tar, "a/k2.npy", _npy(np.zeros((1, 4, 4), np.uint8)))
+    with pytest.raises(UserError, match=r"train-000000.tar, sample a/k2: has no label"):
+        load(tmp_path / "d")
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+# ---------------------------------------------------------------- staging
+
+
+def test_stage_copies_a_ranks_shards_once_and_checks_them(packed: Path, tmp_path: Path) -> None:
+    dataset = load(packed / "shards", stage=tmp_path / "local").train
+    plan = ShardPlan(len(dataset), 2, 1, 4, 0, True, dataset.shard_sizes)
+    dataset.stage_shards(plan)
+    copies = sorted((tmp_path / "local").rglob("*.tar"))
+    mine = {dataset.columns["shard"][i] for i in plan.padded(0)[1::2].tolist()}
+    assert len(copies) == len(mine) < len(dataset.shard_sizes)
+    assert all(dataset.paths[s].startswith(str(tmp_path / "local")) for s in mine)
+    assert [dataset[i][1] for i in range(len(dataset))] == [load(packed / "shards").train[i][1]
+                                                             for i in range(len(dataset))]
+    stamps = [c.stat().st_mtime_ns for c in copies]
+    again = load(packed / "shards", stage=tmp_path / "local").train
+    again.stage_shards(plan)  # already there with the same checksum: not copied again
+    assert [c.stat().st_mtime_ns for c in copies] == stamps
+    again.checksums = dict.fromkeys(again.checksums, "0" * 64)
+    copies[0].write_bytes(b"changed")
+    with pytest.raises(UserError, match="the manifest says 0000"):
+        again.stage_shards(plan)
+
+
+# ---------------------------------------------------------------- training runs
+
+
+def test_packed_folder_trains_to_the_folders_weights_in_sequential_order(packed: Path) -> None:
+    runs = {}
+    for name, where in (("imagefolder", "folder"), ("shards", "shards")):
+        run_cli(["train", "--dataset", name, "--data-dir", where, "--nproc", "1", "--max-steps", "8",
+                 "--set", "data.order=sequential", "--out", f"run-{name}", *SGD], cwd=packed)
+        runs[name] = final_weights(packed / f"run-{name}")
+    assert max_difference(runs["imagefolder"], runs["shards"]) == 0.0
+
+
+def test_two_ranks_on_shards_resume_mid_epoch_as_if_never_stopped(packed: Path, tmp_path: Path) -> None:
+    # 24 samples, 2 ranks x 4: 3 steps an epoch; the checkpoint at step 4 is mid-epoch 1.
+    args = ["train", "--dataset", "shards", "--data-dir", str(packed / "shards"), "--nproc", "2", "--max-steps", "6",
+            "--checkpoint-every", "4", *SGD]
+    run_cli([*args, "--out", "whole"], cwd=tmp_path)
+    assert read_summary(tmp_path / "whole")["world_size"] == 2
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
+    for saved in (tmp_path / "whole" / "checkpoints").glob("step-00000004*"):
+        (shutil.copytree if saved.is_dir() else shutil.copy)(saved, tmp_path / "resumed" / "checkpoints" / saved.name)
+    result = run_cli([*args, "--out", "resumed", "--resume"], cwd=tmp_path)
+    assert "(step 4)" in result.stdout
+    assert max_difference(final_weights(tmp_path / "resumed"), final_weights(tmp_path / "whole")) == 0.0
