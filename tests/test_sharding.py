@@ -101,10 +101,15 @@ def test_shards_every_sample_once_per_epoch_and_each_rank_reads_few_shards(world
 
 def test_shards_order_is_shards_then_positions_and_sequential_is_stored() -> None:
     assert _grouped_epoch((4, 3, 5), 1, 5, 0, shuffle=False) == [list(range(12))]
-    order = _grouped_epoch((4, 3, 5), 1, 5, 0)[0]
-    runs = [order[:4], order[4:7], order[7:]]  # each shard read whole before the next: no shuffle buffer
-    assert sorted(len({(i >= 4) + (i >= 7) for i in run}) for run in runs) == [1, 1, 1]
-    assert order != sorted(order)
+    shard_orders, inside = set(), set()
+    for epoch in range(4):
+        order = _grouped_epoch((4, 3, 5), 1, 5, epoch)[0]
+        shards = [(i >= 4) + (i >= 7) for i in order]
+        runs = [shards[0]] + [b for a, b in zip(shards, shards[1:], strict=False) if a != b]
+        assert sorted(runs) == [0, 1, 2]  # each shard read whole before the next: no shuffle buffer
+        shard_orders.add(tuple(runs))
+        inside.add(tuple(i for i in order if i < 4))
+    assert len(shard_orders) > 1 and len(inside) > 1  # both drawn anew each epoch
 
 
 def test_unreadable_samples_weigh_zero_on_every_rank_and_keep_the_steps() -> None:

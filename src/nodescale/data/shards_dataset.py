@@ -39,6 +39,7 @@ class ShardsDataset(Dataset):
                  normalise: dict[str, Any] | None, checksums: dict[str, str], stage_dir: str | None) -> None:
         # One numpy array per column, not Python objects per sample: DataLoader workers would copy
         # the pages that reference counts touch.
+        self.sources = list(paths)  # where the shards are; ``paths``: where they are read (staged copies)
         self.paths = list(paths)
         self.columns = columns  # shard, offset, size, ext (code into DATA_EXTENSIONS), label, key
         self.image_size = image_size
@@ -65,7 +66,7 @@ class ShardsDataset(Dataset):
     def subset(self, rows: np.ndarray) -> ShardsDataset:
         """The samples at ``rows`` (ascending, so shards stay contiguous)."""
         columns = {name: column[rows] for name, column in self.columns.items()}
-        return ShardsDataset(self.paths, columns, self.image_size, self.normalise, self.checksums, self.stage_dir)
+        return ShardsDataset(self.sources, columns, self.image_size, self.normalise, self.checksums, self.stage_dir)
 
     def stage_shards(self, plan: ShardPlan) -> None:
         """Copy the shards this rank reads to ``data.stage`` (node-local disk) and read them there."""
@@ -73,7 +74,7 @@ class ShardsDataset(Dataset):
             return
         mine = plan.padded(0)[plan.rank::plan.world_size].numpy()  # the same shards every epoch
         for shard in np.unique(self.columns["shard"][mine]).tolist():
-            source = self.paths[shard]
+            source = self.sources[shard]
             self.paths[shard] = stage_file(source, self.stage_dir, self.checksums.get(os.path.basename(source)))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
