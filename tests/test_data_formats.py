@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import struct
+import tarfile
 import subprocess
 import sys
 from pathlib import Path
@@ -750,6 +751,9 @@ def test_checks_do_not_import_torch(tmp_path):
     (tmp_path / "tokens").mkdir()
     for name in ("train.bin", "val.bin"):
         np.arange(300, dtype=np.uint16).tofile(tmp_path / "tokens" / name)
+    (tmp_path / "shards").mkdir()
+    with tarfile.open(tmp_path / "shards" / "train-000000.tar", "w") as tar:
+        tar.add(next((tmp_path / "images").rglob("*.png")), "k.png")
     cases = [
         ("digits", {}),
         ("mnist", {"dir": str(tmp_path / "mnist")}),
@@ -763,6 +767,7 @@ def test_checks_do_not_import_torch(tmp_path):
         ("hf_dataset", {"dir": str(tmp_path / "saved"), "tokenizer": tokenizer}),
         ("pydoc", {}),
         ("tokens", {"dir": str(tmp_path / "tokens"), "seq_len": 8}),
+        ("shards", {"dir": str(tmp_path / "shards")}),
     ]
     assert {name for name, _ in cases} == set(DATASETS), "every registered format needs a case here"
     failing = ("mnist", {"dir": str(tmp_path / "empty")})

@@ -255,8 +255,10 @@ def test_two_ranks_on_shards_resume_mid_epoch_as_if_never_stopped(packed: Path, 
     # 24 samples, 2 ranks x 4: 3 steps an epoch; the checkpoint at step 4 is mid-epoch 1.
     args = ["train", "--dataset", "shards", "--data-dir", str(packed / "shards"), "--nproc", "2", "--max-steps", "6",
             "--checkpoint-every", "4", *SGD]
-    run_cli([*args, "--out", "whole"], cwd=tmp_path)
+    run_cli([*args, "--out", "whole", "--stage", "local"], cwd=tmp_path)  # staged: the same samples
     assert read_summary(tmp_path / "whole")["world_size"] == 2
+    shards = len(json.loads((packed / "shards" / "manifest.json").read_text())["splits"]["train"]["shards"])
+    assert 0 < len(list((tmp_path / "local").rglob("train-*.tar"))) <= shards
     (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
     for saved in (tmp_path / "whole" / "checkpoints").glob("step-00000004*"):
         (shutil.copytree if saved.is_dir() else shutil.copy)(saved, tmp_path / "resumed" / "checkpoints" / saved.name)

@@ -180,6 +180,9 @@ class Context:
         plan = ShardPlan(len(dataset), self.runtime.data_parallel_size, self.runtime.data_parallel_rank, batch_size,
                          self.cfg.train.seed if seed is None else seed, shuffle,
                          tuple(getattr(dataset, "shard_sizes", ())), frozenset(getattr(dataset, "unreadable", ())))
+        stage = getattr(dataset, "stage_shards", None)
+        if stage is not None:  # --stage: this rank's shards onto node-local disk, before the first epoch
+            stage(plan)
         loader = EpochLoader(dataset, plan, pad=pad, drop_last=drop_last, grad_accum=self.cfg.train.grad_accum,
                              device=self.device, on_batch=self._drew if pad else None,
                              clock=self.record.synced_time, **loader_options)
