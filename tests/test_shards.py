@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from conftest import final_weights, max_difference, read_summary, run_cli
+from conftest import cli_env, final_weights, max_difference, read_summary, run_cli
 from nodescale.config.schema import DataSection
 from nodescale.data.epoch_loader import EpochLoader
 from nodescale.data.pack import pack, parse_size, plan_shards
@@ -106,6 +108,17 @@ def test_pack_as_two_cluster_tasks_makes_the_same_shards_and_the_last_writes_the
     assert second == json.loads((packed / "shards" / "manifest.json").read_text())
     with pytest.raises(UserError, match="RANK=2 WORLD_SIZE=2"):
         pack(packed / "folder", out, 1000, environ={"RANK": "2", "WORLD_SIZE": "2"})
+
+
+def test_pack_as_two_concurrent_job_tasks_ends_with_one_manifest(packed: Path, tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "nodescale", "data", "pack", str(packed / "folder"), "--out", "out",
+               "--shard-size", "8KB", "--workers", "1"]
+    tasks = [subprocess.Popen(command, cwd=tmp_path, env={**cli_env(), "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    outputs = [task.communicate(timeout=120) for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outputs
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == json.loads(
+        (packed / "shards" / "manifest.json").read_text())
 
 
 def test_shard_plan_cuts_by_size_and_keeps_every_sample() -> None:
