@@ -98,6 +98,26 @@ def test_pack_keeps_the_bytes_and_the_order_and_writes_a_manifest(packed: Path) 
         assert torch.equal(splits.train[i][0], folder.train[i][0]) and splits.train[i][1] == folder.train[i][1]
 
 
+@pytest.mark.parametrize("source", ["mnist", "cifar10", "hdf5-hwc", "hdf5-grey", "hdf5-lumi"])
+def test_packed_arrays_read_as_their_source_format_reads_them(source: str, tmp_path: Path) -> None:
+    import test_data_formats as formats  # the writers of real MNIST, CIFAR-10 and HDF5 files
+
+    name, layout = source.split("-")[0], {"hdf5-hwc": "groups", "hdf5-grey": "keras", "hdf5-lumi":
+                                             "lumi-tiny-imagenet"}.get(source)
+    where = tmp_path / ("data.h5" if layout else "src")
+    if layout:
+        formats.write_hdf5(where, *formats.HDF5_LAYOUTS[layout])
+    else:
+        (formats.write_mnist(where, gz=True) if name == "mnist" else formats.write_cifar(where))
+    pack(where, tmp_path / "shards", parse_size("20KB"), workers=1)
+    theirs = get_format(name).load(DataSection(name=name, dir=where), seed=0)
+    ours = load(tmp_path / "shards")
+    assert ours.spec == theirs.spec and len(ours.val) == len(theirs.val)  # the LUMI file: split with the seed
+    for mine, source_set in ((ours.train, theirs.train), (ours.val, theirs.val)):
+        for i in (0, len(mine) - 1):
+            assert torch.equal(mine[i][0], source_set[i][0]) and mine[i][1] == source_set[i][1]
+
+
 def test_pack_as_two_cluster_tasks_makes_the_same_shards_and_the_last_writes_the_manifest(
         packed: Path, tmp_path: Path) -> None:
     out = tmp_path / "two"
