@@ -172,6 +172,8 @@ def test_cli_data_help_pack_and_inspect(packed: Path) -> None:
     assert "imagefolder" in run_cli(["data", "inspect", "folder"], cwd=packed).stdout
     bad = run_cli(["data", "pack", "folder", "--out", "x", "--shard-size", "big"], cwd=packed, check=False)
     assert bad.returncode == 2 and "--shard-size 'big'" in bad.stderr and "Traceback" not in bad.stderr
+    missing = run_cli(["data", "pack", "nowhere", "--out", "x"], cwd=packed, check=False)
+    assert missing.returncode == 2 and "source nowhere: does not exist" in missing.stderr
 
 
 # ---------------------------------------------------------------- order and resume, without processes
@@ -237,6 +239,20 @@ def test_sample_without_a_label_names_the_file_and_the_key(tmp_path: Path) -> No
         add(tar, "a/k2.npy", _npy(np.zeros((1, 4, 4), np.uint8)))
     with pytest.raises(UserError, match=r"train-000000.tar, sample a/k2: has no label"):
         load(tmp_path / "d")
+
+
+def test_any_tar_names_and_json_labels_with_validation_held_out_by_the_seed(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    for number in range(2):
+        with tarfile.open(tmp_path / "d" / f"part{number}.tar", "w") as tar:
+            for key in range(5):
+                add(tar, f"s{number}{key}.npy", _npy(np.full((2, 3), key, np.float32)))
+                add(tar, f"s{number}{key}.json", json.dumps({"label": key % 2, "note": "x"}).encode())
+    splits = load(tmp_path / "d", val_fraction=0.2)
+    assert (len(splits.train), len(splits.val), splits.spec.shape, splits.spec.num_classes) == (8, 2, (2, 3), 2)
+    assert sorted(splits.train.shard_sizes) == [4, 4] or sorted(splits.train.shard_sizes) == [3, 5]
+    samples = [splits.train[i] for i in range(8)] + [splits.val[i] for i in range(2)]
+    assert all(int(y) == int(x[0, 0]) % 2 for x, y in samples) and sum(int(y) for _, y in samples) == 4
 
 
 def _npy(array: np.ndarray) -> bytes:

@@ -22,6 +22,7 @@ def _shards(location: str) -> dict[str, Any]:
 
     summary: dict[str, Any] = {"format": "shards", "splits": {}}
     labels: set[int] = set()
+    manifest = None
     for split in ("train", "val"):
         paths = find_shards(location, split) if split == "train" or Path(location).is_dir() else []
         indexes = [shard_index(path) for path in paths]

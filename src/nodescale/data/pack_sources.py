@@ -120,6 +120,9 @@ def _hdf5(path: Path) -> PackSource:
 
 def read_source(path: Path, name: str | None) -> PackSource:
     """The samples of the dataset at ``path`` (format ``name``, or detected)."""
+    if not path.exists():
+        raise UserError(f"source {path}", "does not exist", "pass an image folder, MNIST or CIFAR-10 directory, "
+                        "or an HDF5 file")
     name = name or detect_format(path)
     if name not in PACKABLE:
         raise UserError(f"source {path}", f"is a {name} dataset, which data pack does not read",

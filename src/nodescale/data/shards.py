@@ -61,7 +61,9 @@ def find_shards(location: str, split: str | None = None) -> list[str]:
         if manifest is not None and split in manifest["splits"]:
             return [str((path / s["name"]).resolve()) for s in manifest["splits"][split]["shards"]]
         named = sorted(glob.glob(glob.escape(str(path)) + f"/{split}-*.tar")) if split else []
-        found = named or ([] if split == "val" else sorted(glob.glob(glob.escape(str(path)) + "/*.tar")))
+        every = [name for name in sorted(glob.glob(glob.escape(str(path)) + "/*.tar"))
+                 if not os.path.basename(name).startswith("val-")]  # a directory without train-*.tar
+        found = named or ([] if split == "val" else every)
     else:
         names = expand_braces(str(path))
         found = [hit for name in names for hit in (sorted(glob.glob(name)) if glob.has_magic(name) else [name])]
