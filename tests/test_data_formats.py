@@ -15,6 +15,7 @@ import pickle
 import struct
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import h5py
@@ -755,6 +756,9 @@ def test_checks_do_not_import_torch(tmp_path):
     store = zarr.open_group(tmp_path / "grid.zarr", mode="w")
     for name in ("a", "b"):
         store.create_array(name, shape=(4, 2), chunks=(2, 2), dtype="f4", dimension_names=("t", "x"))
+    (tmp_path / "shards").mkdir()
+    with tarfile.open(tmp_path / "shards" / "train-000000.tar", "w") as tar:
+        tar.add(next((tmp_path / "images").rglob("*.png")), "k.png")
     cases = [
         ("digits", {}),
         ("mnist", {"dir": str(tmp_path / "mnist")}),
@@ -769,6 +773,7 @@ def test_checks_do_not_import_torch(tmp_path):
         ("pydoc", {}),
         ("tokens", {"dir": str(tmp_path / "tokens"), "seq_len": 8}),
         ("zarr", {"dir": str(tmp_path / "grid.zarr"), "inputs": ["a"], "targets": ["b"], "window": {"t": 2}}),
+        ("shards", {"dir": str(tmp_path / "shards")}),
     ]
     assert {name for name, _ in cases} == set(DATASETS), "every registered format needs a case here"
     failing = ("mnist", {"dir": str(tmp_path / "empty")})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodescale.data.sharding import ShardPlan, grouped_order, window_totals
+from nodescale.data.sharding import ShardPlan, window_totals
 
 
 def _epoch_samples(n: int, world: int, batch: int, epoch: int, seed: int = 0) -> list[list[int]]:
@@ -73,38 +73,54 @@ def test_accumulationwindow_totals() -> None:
     assert window_totals([5, 5], start=0, accum=1) == [5, 5]
 
 
-def _grouped_epoch(groups: tuple[int, ...], world: int, batch: int, epoch: int) -> list[list[int]]:
-    """The real sample indices each rank sees in ``epoch`` of a plan whose samples are read in ``groups``."""
+def _grouped_epoch(groups: tuple[int, ...], world: int, batch: int, epoch: int, shuffle: bool = True,
+                   unreadable: frozenset[int] = frozenset()) -> list[list[int]]:
     seen = []
     for rank in range(world):
-        plan = ShardPlan(sum(groups), world, rank, batch, seed=3, groups=groups)
+        plan = ShardPlan(sum(groups), world, rank, batch, 5, shuffle, groups, unreadable)
         seen.append([int(i) for b in plan.batches(epoch) for i, w in zip(b.indices, b.weights, strict=True) if w > 0])
     return seen
 
 
-@pytest.mark.parametrize("groups,world,batch", [((4,) * 25, 1, 7), ((4,) * 25, 2, 8), ((5, 3, 8, 1, 9, 4), 3, 2),
-                                                ((2, 2, 1), 4, 1), ((16,) * 9 + (7,), 3, 5)])
-def test_grouped_plan_sees_every_sample_once_and_each_group_in_one_stretch(groups, world, batch) -> None:
-    group_of = [g for g, size in enumerate(groups) for _ in range(size)]
-    orders = []
-    for epoch in range(3):
-        seen = _grouped_epoch(groups, world, batch, epoch)
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("groups", [(10, 10, 10, 7), (1,) * 5, (40,), (3, 9, 1, 14, 2)])
+def test_shards_every_sample_once_per_epoch_and_each_rank_reads_few_shards(world: int, groups: tuple[int, ...]) -> None:
+    starts = [sum(groups[:i]) for i in range(len(groups))]
+    shard_of = {index: s for s, start in enumerate(starts) for index in range(start, start + groups[s])}
+    epochs = [_grouped_epoch(groups, world, 4, epoch) for epoch in range(3)]
+    for seen in epochs:
         assert sorted(i for rank in seen for i in rank) == list(range(sum(groups)))
-        for rank in seen:  # a rank's samples of one group come one after another: the group is read once
-            stretches = [group_of[i] for k, i in enumerate(rank) if k == 0 or group_of[rank[k - 1]] != group_of[i]]
-            assert len(stretches) == len(set(stretches)), f"a group read twice by one rank: {stretches}"
-        # Ranks deal contiguous runs: only the world_size - 1 groups at their borders are read by two ranks.
-        assert sum(len({group_of[i] for i in rank}) for rank in seen) <= len(groups) + world - 1
-        orders.append(seen)
-    assert orders[0] != orders[1]  # a new order each epoch
+        # each rank reads a contiguous piece of the shards: only where two pieces meet is a shard shared
+        readers = [sum(s in {shard_of[i] for i in rank} for rank in seen) for s in range(len(groups))]
+        assert sum(r - 1 for r in readers) <= world - 1
+    # the shards of a rank stay the same from epoch to epoch (they can be staged); the order changes
+    assert all({shard_of[i] for i in epochs[0][r]} == {shard_of[i] for i in epochs[2][r]} for r in range(world))
+    if sum(groups) > 5:
+        assert epochs[0] != epochs[1]
 
 
-def test_grouped_order_shuffles_groups_and_their_samples() -> None:
-    order = grouped_order((10,) * 10, seed=1).tolist()
-    assert [i // 10 for i in order[::10]] != list(range(10))  # the groups are reordered
-    assert order[:10] != sorted(order[:10]) and sorted(order[:10]) == list(range(order[0] // 10 * 10,
-                                                                              order[0] // 10 * 10 + 10))
-    assert grouped_order((10,) * 10, seed=1, shuffle=False).tolist() == list(range(100))
+def test_shards_order_is_shards_then_positions_and_sequential_is_stored() -> None:
+    assert _grouped_epoch((4, 3, 5), 1, 5, 0, shuffle=False) == [list(range(12))]
+    shard_orders, inside = set(), set()
+    for epoch in range(4):
+        order = _grouped_epoch((4, 3, 5), 1, 5, epoch)[0]
+        shards = [(i >= 4) + (i >= 7) for i in order]
+        runs = [shards[0]] + [b for a, b in zip(shards, shards[1:], strict=False) if a != b]
+        assert sorted(runs) == [0, 1, 2]  # each shard read whole before the next: no shuffle buffer
+        shard_orders.add(tuple(runs))
+        inside.add(tuple(i for i in order if i < 4))
+    assert len(shard_orders) > 1 and len(inside) > 1  # both drawn anew each epoch
+
+
+def test_unreadable_samples_weigh_zero_on_every_rank_and_keep_the_steps() -> None:
+    groups, bad = (6, 6, 5), frozenset({6, 7, 8, 9, 10, 11})
+    seen = _grouped_epoch(groups, 2, 3, 0, unreadable=bad)
+    assert sorted(i for rank in seen for i in rank) == sorted(set(range(17)) - bad)
+    plans = [ShardPlan(17, 2, rank, 3, 5, True, groups, bad) for rank in range(2)]
+    steps = [plan.batches(0) for plan in plans]
+    assert len(steps[0]) == len(steps[1]) == ShardPlan(17, 2, 0, 3).steps_per_epoch
+    for one, two in zip(*steps, strict=True):
+        assert one.global_count == two.global_count == one.real_count + two.real_count
 
 
 def test_a_grouped_plan_resumes_mid_epoch_only_on_the_same_world_size() -> None:
@@ -112,7 +128,7 @@ def test_a_grouped_plan_resumes_mid_epoch_only_on_the_same_world_size() -> None:
 
     from nodescale.data.epoch_loader import EpochLoader
 
-    def loader(world: int, batch: int, groups: tuple[int, ...] | None) -> EpochLoader:
+    def loader(world: int, batch: int, groups: tuple[int, ...]) -> EpochLoader:
         plan = ShardPlan(40, world, 0, batch, groups=groups)
         return EpochLoader(TensorDataset(torch.arange(40)), plan, pad=True, drop_last=False, grad_accum=1,
                            device=torch.device("cpu"))
@@ -121,10 +137,10 @@ def test_a_grouped_plan_resumes_mid_epoch_only_on_the_same_world_size() -> None:
     same = loader(2, 4, (4,) * 10)
     same.load_state_dict(saved)
     assert (same.epoch, same.batch_in_epoch) == (1, 3)
-    with pytest.warns(UserWarning, match="and the world size for chunked data"):
-        other = loader(1, 8, (4,) * 10)  # the same global batch, but another dealing of the groups
+    with pytest.warns(UserWarning, match=r"on 2 ranks, now 1"):
+        other = loader(1, 8, (4,) * 10)  # the same global batch, but other pieces of the groups
         other.load_state_dict(saved)
     assert (other.epoch, other.batch_in_epoch) == (2, 0)
-    ungrouped = loader(1, 8, None)  # without groups the same global batch resumes on any world size
+    ungrouped = loader(1, 8, ())  # without groups the same global batch resumes on any world size
     ungrouped.load_state_dict(saved)
     assert (ungrouped.epoch, ungrouped.batch_in_epoch) == (1, 3)

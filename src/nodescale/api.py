@@ -178,9 +178,10 @@ class Context:
         ``batch_size`` is per process. ``pad=True`` keeps every rank at the same number of batches
         (training); ``pad=False`` gives each rank only its samples (evaluation with ``ctx.sum``).
         """
-        plan = ShardPlan(len(dataset), self.runtime.data_parallel_size, self.runtime.data_parallel_rank, batch_size,
-                         self.cfg.train.seed if seed is None else seed, shuffle,
-                         getattr(dataset, "sample_groups", None))  # chunked data: read a chunk's samples together
+        plan = ShardPlan.for_dataset(dataset, self.runtime.data_parallel_size, self.runtime.data_parallel_rank,
+                                     batch_size, self.cfg.train.seed if seed is None else seed, shuffle)
+        if hasattr(dataset, "stage_shards"):  # --stage: this rank's shards onto node-local disk, first
+            dataset.stage_shards(plan)
         loader = EpochLoader(dataset, plan, pad=pad, drop_last=drop_last, grad_accum=self.cfg.train.grad_accum,
                              device=self.device, on_batch=self._drew if pad else None,
                              clock=self.record.synced_time, **loader_options)
@@ -299,10 +300,8 @@ class Context:
         return self.record.should_stop()
 
     def exit_for_requeue(self) -> None:
-        """After the stop's checkpoint: the requeue marker, a clean exit, exit code 3.
-
-        (``nodescale train`` without ``--resume`` exits with 1 instead: its requeued job would not continue.)
-        """
+        """After the stop's checkpoint: the requeue marker, a clean exit, exit code 3 (``nodescale train``
+        without ``--resume``: 1, since its requeued job would not continue)."""
         self.saves.wait()  # the stop's checkpoint whole before the requeue marker
         code = EXIT_REQUEUE if self.library or self.cfg.checkpoint.resume else 1
         self.record.stopped(code)

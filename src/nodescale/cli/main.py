@@ -14,6 +14,7 @@ from nodescale.cli import (
     bench_cmd,
     checkpoint_cmd,
     config_cmd,
+    data_cmd,
     doctor_cmd,
     jobs_cmd,
     launch_cmd,
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train_cmd.add_parser(subparsers)
     config_cmd.add_parser(subparsers)
+    data_cmd.add_parser(subparsers)
     launch_cmd.add_parser(subparsers)
     plan_cmd.add_parser(subparsers)
     checkpoint_cmd.add_parser(subparsers)

@@ -30,6 +30,7 @@ FLAGS = (
     Flag("--loss", "train.loss"),
     Flag("--data-dir", "data.dir"),
     Flag("--seq-len", "data.seq_len"),
+    Flag("--stage", "data.stage"),
     Flag("--strategy", "strategy.name"),
     Flag("--nproc", "strategy.nproc"),
     Flag("--backend", "strategy.backend"),
@@ -70,6 +71,7 @@ FLAGS = (
     Flag("--resume", "checkpoint.resume", switch=True),
     Flag("--checkpoint-async", "checkpoint.async_save", switch=True),
     Flag("--monitor", "observe.monitor", switch=True),
+    Flag("--skip-bad-samples", "data.skip_bad_samples", switch=True),
     Flag("--no-progress", "train.progress", switch=False,
          help="no progress bar: plain lines per log interval and per epoch"),
 )

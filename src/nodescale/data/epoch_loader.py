@@ -166,19 +166,19 @@ class EpochLoader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume mid-epoch where the global batch is the same (the same samples come next on any world
-        size; for samples read in groups, on the same world size, which deals the groups); otherwise at the
-        start of the next epoch, with a warning."""
+        size; for tar shards, whose pieces are per rank, on the same world size); otherwise at the start
+        of the next epoch, with a warning."""
         epoch, batch = int(state["epoch"]), int(state["batch_in_epoch"])
         same = (state.get("global_batch") == self.plan.batch_size * self.plan.world_size
                 and state.get("num_samples", self.plan.num_samples) == self.plan.num_samples
-                and (self.plan.groups is None or state.get("world_size") == self.plan.world_size))
+                and (not self.plan.groups or state.get("world_size") == self.plan.world_size))
         if batch and not same:
             if self.plan.rank == 0:
                 warnings.warn(f"the loader resumes at the start of epoch {epoch + 1}: the checkpoint's global "
                               f"batch was {state.get('global_batch')} samples, now it is "
-                              f"{self.plan.batch_size * self.plan.world_size}; the rest of epoch {epoch} is "
-                              "skipped (keep batch_size x world_size to resume mid-epoch, and the world size "
-                              "for chunked data)", stacklevel=2)
+                              f"{self.plan.batch_size * self.plan.world_size} (on {state.get('world_size')} ranks, now "
+                              f"{self.plan.world_size}); the rest of epoch {epoch} is "
+                              "skipped (keep batch_size x world_size to resume mid-epoch)", stacklevel=2)
             epoch, batch = epoch + 1, 0
         self.epoch, self.batch_in_epoch = epoch, batch
         self._next_start = (epoch, batch)

@@ -7,6 +7,7 @@ launcher's ``check`` must not import; ``ImageFolderFormat.load`` imports it.
 from __future__ import annotations
 
 import os
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -39,13 +40,18 @@ class ImageFolderDataset(Dataset):
             pixels = decode(path, self.image_size)
         except OSError as err:
             raise UserError(f"{path}", f"cannot be decoded ({err})", "remove or replace the file") from err
-        x = torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)
-        x.sub_(_MEAN).div_(_STD)
-        return x, torch.tensor(self.labels[index], dtype=torch.int64)
+        return normalised(pixels), torch.tensor(self.labels[index], dtype=torch.int64)
 
 
-def decode(path: str, image_size: int | None) -> np.ndarray:
-    """The image at ``path`` as uint8 RGB ``(H, W, 3)``; cropped and resized to ``image_size`` if given."""
+def normalised(pixels: np.ndarray) -> torch.Tensor:
+    """uint8 RGB ``(H, W, 3)`` as float32 ``(3, H, W)`` standardised with ImageNet's mean and std."""
+    x = torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)
+    return x.sub_(_MEAN).div_(_STD)
+
+
+def decode(path: str | BinaryIO, image_size: int | None) -> np.ndarray:
+    """The image at ``path`` (or in a file object) as uint8 RGB ``(H, W, 3)``; cropped and resized to
+    ``image_size`` if given."""
     from PIL import Image, ImageOps  # imported once per process, then a dictionary look-up
 
     with Image.open(path) as img:

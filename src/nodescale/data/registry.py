@@ -61,6 +61,9 @@ DATASETS: dict[str, DatasetEntry] = {
         "or train/ and val/ (or test/) groups holding them",
         "images and labels in an HDF5 file (like LUMI's Tiny-ImageNet)",
     ),
+    "shards": DatasetEntry("nodescale.data.shards", "classification", True, "a directory of train-NNNNNN.tar (and "
+                           "val-NNNNNN.tar) shards, or a glob or brace list of .tar files", "WebDataset-style tar "
+                           "shards (KEY.jpg/.png/.npy + KEY.cls or KEY.json), each rank reading its own"),
     "synthetic": DatasetEntry(
         "nodescale.data.synthetic", "classification", False, "no files needed",
         "random images drawn from the seed and kept on the device, for benchmarks",

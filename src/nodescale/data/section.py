@@ -43,8 +43,8 @@ class DataSection(Section):
         " tokenizer's own (<|endoftext|>, </s>, ...)"
     )
     val_dir: Path | None = Field(
-        None, description="text/jsonl: validation documents of their own (a file or directory);"
-        " default: data.val_fraction of the documents"
+        None, description="text/jsonl: validation documents of their own (a file or directory); shards: "
+        "validation shards (a directory, glob or brace list); default: data.val_fraction of the samples"
     )
     seq_len: int | None = Field(
         None, ge=1, description="language models: tokens per sample, the context trained on (windows of "
@@ -93,6 +93,18 @@ class DataSection(Section):
         if any(size < 1 for size in value.values()):
             raise UserError(f"data window or stride {value}", "sizes must be at least 1", "e.g. time:4,lat:32")
         return value
+
+    order: Literal["shuffled", "sequential"] = Field(
+        "shuffled", description="training order: a new seeded order each epoch, or the stored order (for tests "
+        "and equality checks)"
+    )
+    skip_bad_samples: bool = Field(
+        False, description="shards: train on without the samples of a corrupt or truncated shard (weight 0, with "
+        "a warning) instead of stopping"
+    )
+    stage: Path | None = Field(
+        None, description="shards: copy each rank's shards to this node-local directory before the first epoch"
+    )
 
     @field_validator("name")
     @classmethod

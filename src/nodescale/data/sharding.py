@@ -14,16 +14,20 @@ The order is a permutation drawn from ``seed + epoch`` (a new order each
 epoch, identical on every rank); rank ``r`` takes positions ``r, r + W, ...``
 of the padded permutation, the same interleaving ``DistributedSampler`` uses.
 
-Samples read together (the chunks of a Zarr store: ``groups``, the sizes of consecutive
-index runs) are ordered group by group instead: a seeded order of the groups, a seeded
-order inside each, and each rank deals a contiguous run of that sequence, so a rank
-reads each group at most once per epoch (``grouped_order``, ``dealt_runs``).
+Datasets stored in runs (tar shards, a Zarr store's blocks of chunks: ``groups`` gives the run
+lengths) are dealt so that a rank reads few runs: the runs, in an order drawn from ``seed`` alone
+(fixed across epochs, so a rank's files can be staged to node-local disk), are cut into one
+contiguous piece per rank; each epoch shuffles the order of a rank's runs and the positions inside
+each. ``unreadable``
+samples (a damaged shard kept at its manifest's count) always weigh 0, on every rank alike.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -48,7 +52,8 @@ class ShardPlan:
     batch_size: int
     seed: int = 0
     shuffle: bool = True
-    groups: tuple[int, ...] | None = None  # sizes of consecutive index runs read together (chunks)
+    groups: tuple[int, ...] = ()  # lengths of consecutive index runs stored together (shards); () for none
+    unreadable: frozenset[int] = frozenset()  # indices that always weigh 0
 
     def __post_init__(self) -> None:
         if self.num_samples < 1:
@@ -57,8 +62,16 @@ class ShardPlan:
             raise ValueError(f"rank {self.rank} outside world of {self.world_size}")
         if self.batch_size < 1:
             raise ValueError("batch_size must be positive")
-        if self.groups is not None and sum(self.groups) != self.num_samples:
+        if self.groups and sum(self.groups) != self.num_samples:
             raise ValueError(f"groups hold {sum(self.groups)} samples, not {self.num_samples}")
+
+    @classmethod
+    def for_dataset(cls, dataset: Any, world_size: int, rank: int, batch_size: int, seed: int,
+                    shuffle: bool = True) -> ShardPlan:
+        """The plan of ``dataset``. Data read in runs (tar shards, Zarr chunks) says so (``sample_groups``),
+        so that each rank reads few runs; samples of a damaged shard (``unreadable``) weigh 0."""
+        return cls(len(dataset), world_size, rank, batch_size, seed, shuffle,
+                   tuple(getattr(dataset, "sample_groups", ())), frozenset(getattr(dataset, "unreadable", ())))
 
     @property
     def shard_size(self) -> int:
@@ -70,69 +83,76 @@ class ShardPlan:
         return math.ceil(self.shard_size / self.batch_size)
 
     def order(self, epoch: int) -> torch.Tensor:
-        """The epoch's global order of sample indices, before padding."""
-        if self.groups is not None:
-            return dealt_runs(grouped_order(self.groups, self.seed + epoch, self.shuffle), self.world_size)
+        """The epoch's global order of sample indices, before padding (without ``groups``)."""
         if not self.shuffle:
             return torch.arange(self.num_samples)
         generator = torch.Generator().manual_seed(self.seed + epoch)
         return torch.randperm(self.num_samples, generator=generator)
 
-    def batches(self, epoch: int, start_step: int = 0) -> list[Batch]:
-        """This rank's batches of ``epoch``, from ``start_step`` on (for resuming)."""
-        order = self.order(epoch)
+    def padded(self, epoch: int) -> torch.Tensor:
+        """The epoch's order padded to ``shard_size * world_size``: position ``p`` goes to rank ``p % W``."""
         padded_length = self.shard_size * self.world_size
+        if self.groups:
+            return self._grouped(epoch).T.reshape(-1)
         # Pad by wrapping around the order, as DistributedSampler does, so the
         # padding is made of real samples that BatchNorm can digest.
+        order = self.order(epoch)
         repeats = math.ceil(padded_length / self.num_samples)
-        padded = order.repeat(repeats)[:padded_length]
+        return order.repeat(repeats)[:padded_length]
+
+    def _grouped(self, epoch: int) -> torch.Tensor:
+        """(world_size, shard_size): each rank's positions, from its contiguous piece of the runs."""
+        starts = [0, *itertools.accumulate(self.groups)][:-1]
+        runs = [torch.arange(start, start + length) for start, length in zip(starts, self.groups, strict=True)]
+        if self.shuffle:  # which runs a rank reads: from the seed alone, the same every epoch
+            fixed = torch.Generator().manual_seed(self.seed)
+            runs = [runs[i] for i in torch.randperm(len(runs), generator=fixed).tolist()]
+        stored = torch.cat(runs)
+        run_of = torch.repeat_interleave(torch.arange(len(self.groups)), torch.tensor(self.groups))
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        rows = torch.empty(self.world_size, self.shard_size, dtype=torch.int64)
+        quotient, remainder = divmod(self.num_samples, self.world_size)
+        begin = 0
+        for rank in range(self.world_size):
+            # Ranks below the remainder take one sample more: padding sits past num_samples, as without groups.
+            count = quotient + (rank < remainder)
+            piece = stored[begin:begin + count]
+            if self.shuffle:
+                piece = torch.cat(_shuffled_runs(piece, run_of[piece], generator)) if count else piece
+            rows[rank, :count] = piece
+            rows[rank, count:] = piece[0] if count else stored[0]  # padding, weighted 0
+            begin += count
+        return rows
+
+    def batches(self, epoch: int, start_step: int = 0) -> list[Batch]:
+        """This rank's batches of ``epoch``, from ``start_step`` on (for resuming)."""
+        padded = self.padded(epoch)
+        padded_length = len(padded)
+        real = torch.arange(padded_length) < self.num_samples
+        if self.unreadable:
+            real &= ~torch.isin(padded, torch.tensor(sorted(self.unreadable), dtype=torch.int64))
         positions = torch.arange(self.rank, padded_length, self.world_size)
+        row = self.world_size
         batches = []
         for step in range(start_step, self.steps_per_epoch):
             shard_slice = positions[step * self.batch_size:(step + 1) * self.batch_size]
-            first, last = int(shard_slice[0]) // self.world_size, int(shard_slice[-1]) // self.world_size
-            real = shard_slice < self.num_samples
+            first, last = int(shard_slice[0]) // row, int(shard_slice[-1]) // row
+            mine = real[shard_slice]
             batches.append(Batch(
                 indices=padded[shard_slice],
-                weights=real.to(torch.float32),
-                global_count=self._real_in_rows(first, last + 1),
-                real_count=int(real.sum()),
+                weights=mine.to(torch.float32),
+                global_count=int(real[first * row:(last + 1) * row].sum()),  # the step's rows on all ranks
+                real_count=int(mine.sum()),
             ))
         return batches
 
-    def _real_in_rows(self, first_row: int, end_row: int) -> int:
-        # Rows of the padded order hold world_size positions each; positions
-        # below num_samples are real.
-        start, end = first_row * self.world_size, end_row * self.world_size
-        return max(0, min(end, self.num_samples) - start)
 
-
-def grouped_order(groups: tuple[int, ...], seed: int, shuffle: bool = True) -> torch.Tensor:
-    """Sample indices group by group: the groups (consecutive index runs of these sizes) in an order
-    drawn from ``seed``, the samples inside each in an order drawn from it too (in index order without
-    ``shuffle``)."""
-    total = sum(groups)
-    if not shuffle:
-        return torch.arange(total)
-    generator = torch.Generator().manual_seed(seed)
-    place = torch.empty(len(groups), dtype=torch.float64)
-    place[torch.randperm(len(groups), generator=generator)] = torch.arange(len(groups), dtype=torch.float64)
-    # A sample's key: its group's place, plus a random fraction that orders it inside the group.
-    keys = place.repeat_interleave(torch.tensor(groups)) + torch.rand(total, generator=generator, dtype=torch.float64)
-    return torch.argsort(keys, stable=True)
-
-
-def dealt_runs(sequence: torch.Tensor, world_size: int) -> torch.Tensor:
-    """``sequence`` laid out so that rank r's interleaved positions (r, r + W, ...) hold a contiguous run of it.
-
-    Rank r gets as many real samples as the interleaving gives it (the first N mod W ranks one more),
-    so the padding and counts of ``ShardPlan.batches`` stay as they are.
-    """
-    n = len(sequence)
-    base, extra = divmod(n, world_size)
-    positions = torch.arange(n)
-    rank, row = positions % world_size, positions // world_size
-    return sequence[rank * base + rank.clamp(max=extra) + row]
+def _shuffled_runs(piece: torch.Tensor, run_of: torch.Tensor, generator: torch.Generator) -> list[torch.Tensor]:
+    """``piece``'s runs (``run_of`` each index) in a drawn order, each with its positions drawn too."""
+    breaks = (torch.nonzero(run_of[1:] != run_of[:-1]).flatten() + 1).tolist()
+    runs = list(torch.tensor_split(piece, breaks))
+    return [runs[i][torch.randperm(len(runs[i]), generator=generator)]
+            for i in torch.randperm(len(runs), generator=generator).tolist()]
 
 
 def window_totals(counts: list[int], start: int, accum: int) -> list[int]:

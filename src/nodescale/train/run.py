@@ -113,7 +113,7 @@ def _train(ctx: Context, observers: Observers) -> dict[str, Any]:
 
     batch, workers = cfg.train.batch_size, cfg.data.num_workers
     pool = {"num_workers": workers, "prefetch_factor": 4} if workers else {}
-    loader = ctx.loader(splits.train, batch, channels_last=channels_last,
+    loader = ctx.loader(splits.train, batch, shuffle=cfg.data.order == "shuffled", channels_last=channels_last,
                         **({**pool, "persistent_workers": True} if workers else {}))
     # Validation workers start per evaluation rather than idling beside the training ones.
     val_loader = ctx.loader(splits.val, batch, shuffle=False, channels_last=channels_last, **pool)
