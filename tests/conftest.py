@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import warnings
@@ -33,6 +34,13 @@ def cli_env() -> dict[str, str]:
         env.pop(name, None)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def free_port() -> int:
+    """A TCP port free now on 127.0.0.1: for runs that would otherwise all take the default 29500 at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess[str]:

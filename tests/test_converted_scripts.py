@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, cli_env
+from conftest import REPO, cli_env, free_port
 from scheduler_fixtures import MPIEXEC, SlurmCluster, require
 
 MNIST = REPO / "examples" / "mnist"
@@ -47,6 +47,7 @@ def launch(launcher: str, script: Path, args: list[str], cwd: Path, slurm: Slurm
     elif launcher == "mpiexec":
         binary = require([MPIEXEC["openmpi"]], "the mpiexec launch")[MPIEXEC["openmpi"]]
         command = [binary, "-n", "2", "--oversubscribe", "--allow-run-as-root", *command]
+        env["MASTER_PORT"] = str(free_port())  # not the default 29500, which another test's mpiexec may hold
     elif launcher == "srun":
         assert slurm is not None
         require(["srun"], "the srun launch")

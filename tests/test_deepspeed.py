@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import cli_env, final_weights, max_difference, read_summary, run_cli
+from conftest import cli_env, final_weights, free_port, max_difference, read_summary, run_cli
 from test_fsdp import BF16_MODELS, plain_model
 
 pytestmark = pytest.mark.multiproc
@@ -53,7 +53,8 @@ def mpiexec(args: list[str], cwd: Path) -> None:
     """``mpiexec -n 2 python -m nodescale ARGS`` (Open MPI's); fails the test if it fails."""
     result = subprocess.run(
         ["mpiexec.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-m", "nodescale",
-         *args], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=240,
+         *args], cwd=cwd, env={**cli_env(), "MASTER_PORT": str(free_port())}, capture_output=True, text=True,
+        timeout=240,
     )
     assert result.returncode == 0, f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
 

@@ -10,7 +10,6 @@ hand (the srun/mpiexec path, where rank 0 hosts the store).
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import cli_env, run_cli
+from conftest import cli_env, free_port, run_cli
 from nodescale.cli.doctor_cmd import parse_nproc, parse_timeout
 from nodescale.distributed.rank_labels import rank_ranges
 from nodescale.doctor import bandwidth, consistency, evaluate, launch_math, names, network
@@ -434,11 +433,6 @@ def test_misspelt_nccl_variable_fails_with_did_you_mean(tmp_path: Path) -> None:
     assert document["ranks"][0]["comm_env"]["NCCL_SOCKET_IFNAM"] == "eth0"
     assert_clean(result)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def by_hand(rank: int, world: int, port: int) -> dict[str, str]:
