@@ -22,7 +22,9 @@ from scheduler_fixtures import OwnSlurm, own_slurm_cluster
 
 pytestmark = pytest.mark.multiproc
 
-RANK_LINE = re.compile(r"^RANK (\d+) (\S+) (\d+)$", re.M)
+# A job log's lines carry their task's label (srun `0: `, MPICH `[0] `) and, in torchrun mode, `[rankN]:`.
+LABEL = r"(?:\d+: |\[\d+\] )?(?:\[rank\d+\]:)?"
+RANK_LINE = re.compile(rf"^{LABEL}RANK (\d+) (\S+) (\d+)$", re.M)
 # Each rank says who it is, where, and in which Slurm job: in one write, so lines of two ranks never mix.
 PRINT_RANK = ("import os; os.write(1, ' '.join(['RANK', os.environ.get('RANK', os.environ.get('SLURM_PROCID', '?')), "
               "os.environ['SLURMD_NODENAME'], os.environ['SLURM_JOB_ID']]).encode() + b'\\n')")
@@ -137,5 +139,5 @@ def test_launch_inside_an_interactive_pbs_job_runs_mpiexec_there(tmp_path: Path,
                                     "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
     assert result.returncode == 0, result.output
     assert f"nodescale: in pbs allocation {result.job_id}: starting the job as a step there" in result.output
-    assert sorted(re.findall(r"^PBSRANK (\d)$", result.output, re.M)) == ["0", "1"], result.output
+    assert sorted(re.findall(rf"^{LABEL}PBSRANK (\d)$", result.output, re.M)) == ["0", "1"], result.output
     assert sorted(result.daemons) == ["127.0.0.2", "127.0.0.3"], result  # mpiexec's daemons on both nodes
