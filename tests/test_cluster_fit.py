@@ -12,7 +12,7 @@ import pytest
 from nodescale.distributed.env import detect
 from nodescale.errors import UserError
 from nodescale.launch.job_options import SchedulerOptions
-from nodescale.launch.partition_fit import Node, Partition, clock_seconds, fit_job, memory_mb
+from nodescale.launch.partition_fit import Node, Partition, clock_seconds, fit_job
 from nodescale.launch.presets import load_preset
 from nodescale.launch.render_slurm import render_slurm
 from nodescale.launch.schedulers.allocation import cpus_per_node, pbs_allocation, slurm_allocation
@@ -63,7 +63,8 @@ def test_scontrol_records_are_parsed() -> None:
     assert gres_gpus("gpu:4") == 4 and gres_gpus("gpu:a100:4(S:0-1)") == 4 and gres_gpus("(null)") == 0
     assert gres_gpus("gpu:a100:2,gpu:v100:2,nvme:1") == 4 and gres_gpus("gpu:a100:2,gpu:v100:3", "v100") == 3
     assert [clock_seconds(text) for text in ("30", "05:00", "1-02:00:00", "UNLIMITED")] == [1800, 300, 93600, None]
-    assert [memory_mb(text) for text in ("16G", "500M", "2000", "0", None)] == [16384, 500, 2000, 0, None]
+    assert [SchedulerOptions(mem=text).mem_mb for text in ("16G", "500M", "2000", "0", None)] == [
+        16384, 500, 2000, 0, None]
 
 
 def test_pbs_json_is_parsed() -> None:

@@ -19,6 +19,7 @@ MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND"
 DEPENDENCY_TYPES = ("after", "afterany", "afterok", "afternotok", "aftercorr", "afterburstbuffer")
 
 _MEM = re.compile(r"^(\d+)([KMGT]?)$", re.IGNORECASE)
+_MB_PER_UNIT = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}  # a bare number: MB, as Slurm reads it
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _NAMES = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
 # One entry of a Slurm host list: a name, possibly with numeric ranges in brackets (node[01-04,7]).
@@ -92,6 +93,14 @@ class SchedulerOptions(_Strict):
         if not found:
             raise ValueError("must be a whole number with an optional unit K, M, G or T (16G, 500M; 0: all of a node)")
         return None if value is None else found[1] + found[2].upper()
+
+    @property
+    def mem_mb(self) -> int | None:
+        """``--mem`` in MB (0: all of a node's memory); None when not asked for."""
+        if self.mem is None:
+            return None
+        number, unit = _MEM.match(self.mem).groups()  # type: ignore[union-attr]  # validated above
+        return int(int(number) * _MB_PER_UNIT[unit])
 
     @field_validator("constraint")
     @classmethod

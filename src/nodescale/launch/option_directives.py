@@ -144,7 +144,7 @@ def _pbs_unsupported(options: SchedulerOptions) -> None:
         if value:
             shown = ",".join(value) if isinstance(value, list) else value
             raise UserError(f"{flag} {shown}", f"PBS Pro has no {feature}", hint)
-    if options.mem and int(options.mem.rstrip("KMGT")) == 0:
+    if options.mem_mb == 0:
         raise UserError(f"--mem {options.mem}", "PBS Pro has no 'all of the node's memory' request (Slurm's --mem=0)",
                         "give the amount, e.g. --mem 200G, or leave --mem out (the queue's default)")
 

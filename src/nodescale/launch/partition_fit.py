@@ -11,7 +11,6 @@ Pure: the reading is the schedulers' modules' job.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,8 +21,6 @@ from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 # Presets that describe no cluster in particular: sized from the live nodes when they can be read.
 GENERIC_PRESETS = ("generic-slurm", "generic-pbs")
 
-_MEM = re.compile(r"^(\d+)\s*([KMGT]?)B?$", re.I)
-_MEM_UNIT_MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
 @dataclass(frozen=True)
@@ -73,19 +70,6 @@ def clock_seconds(text: str) -> int | None:
     return int(days or 0) * 86400 + seconds
 
 
-def memory_mb(value: object) -> int | None:
-    """``--mem`` as megabytes: ``16G``, ``500M``, ``2000`` (MB, as Slurm reads it); None when not given.
-
-    ``0`` (all of the node's memory) is 0. A value the scheduler flag's own check refuses is None here.
-    """
-    if value is None or value == "":
-        return None
-    if isinstance(value, int):
-        return value
-    match = _MEM.match(str(value).strip())
-    return int(int(match[1]) * _MEM_UNIT_MB[match[2].upper()]) if match else None
-
-
 def fit_job(spec: JobSpec, preset: Preset, partition: Partition) -> Preset:
     """``preset`` sized to ``partition`` (generic presets only); UserError for a request it cannot meet."""
     where = f"{partition.kind} {partition.name}"
@@ -113,7 +97,7 @@ def fit_job(spec: JobSpec, preset: Preset, partition: Partition) -> Preset:
                         f"fewer processes per node: --nproc-per-node {max(node.cpus for node in nodes)} or less"
                         if fit == 0 else f"--cpus-per-task {fit}"))
 
-    mem = memory_mb(spec.options.mem)
+    mem = spec.options.mem_mb
     if mem and all(node.memory_mb is not None for node in nodes):
         _enough(spec, nodes, lambda node: node.memory_mb or 0, mem, f"{where}'s nodes", "MB of memory",
                 f"--mem {spec.options.mem}", lambda fit: f"--mem {fit}M or less")
