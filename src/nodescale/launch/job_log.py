@@ -21,6 +21,7 @@ class JobRecord:
     log: str
     workdir: str
     submitted_at: float
+    sweep: str = ""  # the sweep's directory when the job is a sweep's array (launch/sweep_manifest.py)
 
 
 def registry_path() -> Path:

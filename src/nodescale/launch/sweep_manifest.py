@@ -44,6 +44,7 @@ class Sweep:
     name: str
     directory: Path
     command: list[str]  # the command as given after --, before any member's settings
+    launch_argv: list[str]  # launch's own flags, as given (without the command), for --resubmit-failed
     keys: list[str]
     members: list[Member]
     submissions: list[Submission] = field(default_factory=list)
@@ -72,6 +73,7 @@ def read(directory: Path) -> Sweep:
         data = json.loads(path.read_text())
         return Sweep(
             name=data["name"], directory=Path(data["directory"]), command=list(data["command"]),
+            launch_argv=list(data["launch_argv"]),
             keys=list(data["keys"]), members=[Member(**member) for member in data["members"]],
             submissions=[Submission(**sub) for sub in data.get("submissions", [])],
         )
