@@ -131,7 +131,8 @@ def test_bench_comm_directory(tmp_path: Path) -> None:
     source.label = "comm"
     fig = busbw_figure(source.rows, "busbw")
     assert fig is not None
-    assert (fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()) == ("message size (bytes)", "bus bandwidth (GB/s, 1e9 B/s)")
+    labels = (fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel())
+    assert labels == ("message size (bytes)", "bus bandwidth (GB/s, 1e9 B/s)")
     assert len(fig.axes[0].get_lines()) == 4  # 2 ops x in place / out of place
     assert (tmp_path / "out" / "report-comm-busbw.png").read_bytes()[:8] == PNG_SIGNATURE
 

@@ -40,7 +40,7 @@ def digits(seed):
     splits = FORMAT.load(DataSection(), seed)  # the digits nodescale embeds, as plain TensorDatasets
 
     def plain(part):
-        inputs, labels = zip(*(part[i] for i in range(len(part))))
+        inputs, labels = zip(*(part[i] for i in range(len(part))), strict=True)
         return TensorDataset(torch.stack(inputs), torch.stack(labels))
 
     return plain(splits.train), plain(splits.val)

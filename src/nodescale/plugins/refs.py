@@ -158,7 +158,7 @@ def _module_origin(ref: PluginRef) -> Path | None:
         spec = importlib.util.find_spec(parts[0])  # a top-level name: found, not imported
     except (ImportError, ValueError):
         return None
-    for depth, part in enumerate(parts[1:], start=1):
+    for depth in range(1, len(parts)):
         if spec is None:
             break
         locations = spec.submodule_search_locations
