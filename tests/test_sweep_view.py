@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from nodescale.launch.schedulers.pbs import parse_qstat
 from nodescale.launch.schedulers.slurm import Slurm, parse_squeue
 from nodescale.launch.sweep_manifest import Member, Submission, Sweep
 from nodescale.launch.sweep_state import member_states
+from nodescale.report.sources import SweepSource, load_source
 from scheduler_fixtures import SlurmCluster, search_path
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -80,6 +82,16 @@ def test_report_ranks_members_by_validation_loss(sweep: Sweep, tmp_path: Path) -
     assert (tmp_path / "report-lr-sweep-sweep.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
+def test_a_copied_sweep_is_read_where_it_now_is(sweep: Sweep, tmp_path: Path) -> None:
+    copy = tmp_path / "copied"
+    shutil.copytree(sweep.directory, copy)  # sweep.json still names the original's absolute paths
+    (copy / "m001" / "summary.json").unlink()
+    (copy / "status" / "1").write_text("1\n")  # status files too are the copy's
+    source = load_source(copy)
+    assert isinstance(source, SweepSource) and source.states == {0: "done", 1: "failed", 2: "failed"}
+    assert sorted(source.summaries) == [0] and source.sweep.members[0].run_dir == str(copy / "m000")
+
+
 def test_sweep_plot_has_one_point_per_finished_member_on_a_log_axis() -> None:
     points = [({"optim.lr": 0.1, "model": "cnn"}, 2.0), ({"optim.lr": 0.001, "model": "mlp"}, 1.5)]
     fig = sweep_figure(["optim.lr", "model"], points, "validation loss", "t")
@@ -114,6 +126,8 @@ def test_jobs_lists_a_sweep_as_one_line_with_its_counts(sweep: Sweep, tmp_path: 
     assert table[0] == lines[0]
     assert table[1].split() == ["0", "done", "optim.lr=0.1", sweep.members[0].run_dir]
     assert table[3].split() == ["2", "failed", "optim.lr=0.01", sweep.members[2].run_dir]
+    refused = run_cli(["jobs", str(tmp_path)], tmp_path, check=False)
+    assert refused.returncode == 2 and "holds no sweep.json" in refused.stderr and "Traceback" not in refused.stderr
 
 
 @pytest.mark.multiproc
