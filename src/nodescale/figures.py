@@ -243,3 +243,40 @@ def _size_label(size_bytes: int) -> str:
         if size_bytes >= scale and size_bytes % scale == 0:
             return f"{size_bytes // scale}{unit}"
     return str(size_bytes)
+
+
+def _as_number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def sweep_figure(keys: Sequence[str], points: Sequence[tuple[dict[str, Any], float]], metric_label: str,
+                 title: str) -> Figure | None:
+    """A metric of a sweep's members (``points``: settings, value) against each swept setting, one panel per key.
+
+    Numbers spanning more than 10x (learning rates) get a log axis; other settings are categories in
+    the order first seen. ``None`` when no member has the metric.
+    """
+    if not points or not keys:
+        return None
+    fig = Figure(figsize=(0.8 + 4.2 * len(keys), 4.0), layout="constrained")
+    for ax, key in zip(fig.subplots(1, len(keys), squeeze=False)[0], keys, strict=True):
+        numbers = [_as_number(settings.get(key)) for settings, _ in points]
+        if all(number is not None for number in numbers):
+            xs: list[float] = [number for number in numbers if number is not None]
+            if min(xs) > 0 and max(xs) > 10 * min(xs):
+                ax.set_xscale("log")
+        else:
+            categories = list(dict.fromkeys(str(settings.get(key)) for settings, _ in points))
+            xs = [float(categories.index(str(settings.get(key)))) for settings, _ in points]
+            ax.set_xticks(range(len(categories)), categories)
+        ax.plot(xs, [value for _, value in points], "o", color=_colour(0))
+        ax.set_xlabel(key)
+        ax.set_ylabel(metric_label)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(title)
+    return fig

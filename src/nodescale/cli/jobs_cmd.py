@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nodescale.errors import UserError
 
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-         "BOOT_FAIL", "DEADLINE", "FINISHED"}
+if TYPE_CHECKING:
+    from nodescale.launch.sweep_manifest import Sweep
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
-    jobs = subparsers.add_parser("jobs", help="the jobs nodescale submitted, with their scheduler state")
+    jobs = subparsers.add_parser("jobs", help="the jobs nodescale submitted, with their scheduler state; "
+                                 "a sweep is one line (its members done, running, pending, failed)")
+    jobs.add_argument("sweep", nargs="?", type=Path, metavar="SWEEP_DIR",
+                      help="a sweep's directory: one line per member (state, settings, run directory)")
     jobs.add_argument("--all", action="store_true", help="also jobs the scheduler no longer lists")
     jobs.set_defaults(handler=list_jobs)
     cancel = subparsers.add_parser("cancel", help="cancel a job nodescale submitted (scancel / qdel)")
@@ -26,25 +31,77 @@ def list_jobs(args: argparse.Namespace) -> int:
     from nodescale.launch.job_log import submitted_jobs
     from nodescale.launch.schedulers.table import BATCH
 
+    if args.sweep is not None:
+        return show_sweep(args.sweep)
     jobs = submitted_jobs()
+    single = [job for job in jobs if not job.sweep]
     states: dict[str, str] = {}
-    for name in {job.scheduler for job in jobs}:
-        states.update(BATCH[name].status([job.job_id for job in jobs if job.scheduler == name]))
+    for name in {job.scheduler for job in single}:
+        states.update(BATCH[name].status([job.job_id for job in single if job.scheduler == name]))
     shown = 0
-    for job in jobs:
+    for job in single:
         state = states.get(job.job_id)
         if state is None and not args.all:
             continue
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(job.submitted_at))
-        print(f"{job.job_id:<12} {job.scheduler:<6} {state or 'not queued':<12} {when}  {job.name}  {job.log}")
+        print(f"{job.job_id:<12} {job.scheduler:<6} {state or 'not queued':<12} {_when(job.submitted_at)}  "
+              f"{job.name}  {job.log}")
         shown += 1
+    shown += list_sweeps(list(dict.fromkeys(Path(job.sweep) for job in jobs if job.sweep)), args.all)
     if not shown:
         print("no queued or running jobs from nodescale" + ("" if args.all else " (--all shows finished ones)"))
     return 0
 
 
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+
+
+def _sweep_line(sweep: Sweep, states: dict[int, str]) -> str:
+    from nodescale.launch.sweep_state import counts
+
+    newest = sweep.submissions[-1] if sweep.submissions else None
+    found = counts(states)
+    return (f"{newest.job_id if newest else '-':<12} {newest.scheduler if newest else '-':<6} {'sweep':<12} "
+            f"{_when(newest.submitted_at) if newest else '-':<16}  {sweep.name}  {sweep.directory}  "
+            f"{len(states)} members: " + ", ".join(f"{count} {state}" for state, count in found.items()))
+
+
+def list_sweeps(directories: list[Path], show_all: bool) -> int:
+    """One line per sweep whose members the scheduler still lists (every sweep with ``show_all``); how many."""
+    from nodescale.launch import sweep_manifest, sweep_state
+
+    sweeps, shown = [], 0
+    for directory in directories:
+        try:
+            sweeps.append(sweep_manifest.read(directory))
+        except UserError as exc:  # a sweep moved or deleted since: the others are still listed
+            if show_all:
+                print(f"{'-':<12} {'-':<6} {'sweep':<12} {'-':<16}  {directory}  (unreadable: {exc.rule})")
+                shown += 1
+    listed = sweep_state.query_queue(sweeps)
+    for sweep in sweeps:
+        if show_all or sweep_state.listed_states(sweep, listed):
+            print(_sweep_line(sweep, sweep_state.member_states(sweep, listed)))
+            shown += 1
+    return shown
+
+
+def show_sweep(directory: Path) -> int:
+    """``nodescale jobs SWEEP_DIR``: the sweep's line, then one line per member."""
+    from nodescale.launch import sweep_manifest, sweep_state
+
+    sweep = sweep_manifest.read(directory)
+    states = sweep_state.member_states(sweep, sweep_state.query_queue([sweep]))
+    print(_sweep_line(sweep, states))
+    for member in sweep.members:
+        settings = " ".join(f"{key}={value}" for key, value in member.settings.items())
+        print(f"  {member.index:>4}  {states[member.index]:<13} {settings}  {member.run_dir}")
+    return 0
+
+
 def cancel_job(args: argparse.Namespace) -> int:
     from nodescale.launch.job_log import find
+    from nodescale.launch.schedulers.batch import ENDED
     from nodescale.launch.schedulers.table import BATCH
 
     job = find(args.job_id)

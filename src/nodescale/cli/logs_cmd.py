@@ -45,10 +45,10 @@ class JobLogs:
 
 def find_logs(job: str) -> JobLogs:
     """The logs of a job id from the registry, or of a log file or job directory; UserError otherwise."""
-    from nodescale.cli.jobs_cmd import ENDED
     from nodescale.launch.job_log import find
     from nodescale.launch.rank_labels import PBS_LOG_NAME
     from nodescale.launch.rank_logs import script_is_torchrun
+    from nodescale.launch.schedulers.batch import ENDED
     from nodescale.launch.schedulers.table import BATCH
 
     record = find(job)

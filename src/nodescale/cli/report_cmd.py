@@ -10,11 +10,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "report",
         help="markdown report of training runs and bench outputs, with plots; compares several runs",
-        description="Read training runs (summary.json + metrics.jsonl), `nodescale bench scaling` directories "
-        "(scaling.json) and `nodescale bench comm` directories (results.json), and write REPORT_DIR/report.md "
-        "with tables and PNG plots (report-*.png). Several runs get a side-by-side comparison.",
+        description="Read training runs (summary.json + metrics.jsonl), sweeps (sweep.json: members ranked by "
+        "validation loss), `nodescale bench scaling` directories (scaling.json) and `nodescale bench comm` "
+        "directories (results.json), and write REPORT_DIR/report.md with tables and PNG plots (report-*.png). "
+        "Several runs get a side-by-side comparison.",
     )
-    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run or benchmark directories")
+    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run, sweep or benchmark directories")
     parser.add_argument("--out", type=Path, metavar="REPORT_DIR",
                         help="where report.md and its PNGs go (default: DIR itself for one DIR; "
                         "report-<YYYYmmdd-HHMMSS> in the current directory for several)")

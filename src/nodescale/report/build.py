@@ -14,10 +14,11 @@ from nodescale.report.comm_section import comm_section
 from nodescale.report.compare_section import compare_section
 from nodescale.report.run_section import run_section
 from nodescale.report.scaling_section import scaling_section
-from nodescale.report.sources import CommSource, RunSource, ScalingSource, Source, load_source
+from nodescale.report.sources import CommSource, RunSource, ScalingSource, Source, SweepSource, load_source
+from nodescale.report.sweep_section import sweep_section
 
 REPORT_NAME = "report.md"
-KIND_NAMES = {"run": "training run", "scaling": "bench scaling", "comm": "bench comm"}
+KIND_NAMES = {"run": "training run", "scaling": "bench scaling", "comm": "bench comm", "sweep": "sweep"}
 
 
 def default_report_dir(dirs: Sequence[Path]) -> Path:
@@ -83,6 +84,8 @@ def build_report(dirs: Sequence[Path], out: Path | None = None) -> Path:
             parts.append(scaling_section(source, report_dir, stem))
         elif isinstance(source, CommSource):
             parts.append(comm_section(source, report_dir, stem))
+        elif isinstance(source, SweepSource):
+            parts.append(sweep_section(source, report_dir, stem))
     path = report_dir / REPORT_NAME
     write_text_atomic(path, "\n\n".join(parts) + "\n")
     return path

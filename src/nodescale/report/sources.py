@@ -1,7 +1,8 @@
 """What a directory given to ``nodescale report`` is, and its content.
 
-Three kinds are recognised, by the files they hold:
+Four kinds are recognised, by the files they hold:
 
+- a sweep: ``sweep.json`` (``nodescale launch --sweep``), its members' runs in its ``mNNN`` folders;
 - a training run: ``summary.json`` and ``metrics.jsonl`` (``nodescale train``), with
   ``monitor/node-N.csv`` when it ran with ``--monitor``;
 - a bench scaling directory: ``scaling.json`` (``nodescale bench scaling``);
@@ -13,15 +14,18 @@ Anything else is a ``UserError`` naming what was expected.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nodescale.errors import UserError
+from nodescale.launch import sweep_manifest, sweep_state
+from nodescale.launch.sweep_manifest import Sweep
 
-EXPECTED = ("a training run (summary.json and metrics.jsonl), a `nodescale bench scaling` directory (scaling.json) "
-            "or a `nodescale bench comm` directory (results.json)")
+EXPECTED = ("a training run (summary.json and metrics.jsonl), a sweep (sweep.json), a `nodescale bench scaling` "
+            "directory (scaling.json) or a `nodescale bench comm` directory (results.json)")
 
 # Fields of bench comm rows that describe the whole run when every row has the same value.
 SHARED_COMM_FIELDS = ("backend", "device", "world_size", "iterations", "warmup")
@@ -66,13 +70,27 @@ class CommSource:
     pairs: dict[str, Any] | None = None  # pairs.json of `bench comm --pairs`, when the directory has one
 
 
-Source = RunSource | ScalingSource | CommSource
+@dataclass
+class SweepSource:
+    """A sweep (``nodescale launch --sweep``): its record, each member's state and each finished member's summary."""
+
+    path: Path
+    sweep: Sweep
+    states: dict[int, str]  # member index -> done, failed, running, pending... (launch/sweep_state.py)
+    summaries: dict[int, dict[str, Any]]  # member index -> its summary.json, for the members that wrote one
+    label: str = ""
+    kind: str = field(default="sweep", init=False)
+
+
+Source = RunSource | ScalingSource | CommSource | SweepSource
 
 
 def load_source(path: Path) -> Source:
     """Recognise and read the directory ``path``; a ``UserError`` if it is none of the known kinds."""
     if not path.is_dir():
         raise UserError(f"{str(path)!r}", "is not a directory", f"pass {EXPECTED}")
+    if sweep_manifest.is_sweep(path):
+        return _sweep(path)
     if (path / "scaling.json").is_file():
         result = _read_json(path / "scaling.json")
         if not isinstance(result, dict) or not isinstance(result.get("rows"), list):
@@ -94,6 +112,34 @@ def load_source(path: Path) -> Source:
         return RunSource(path, summary, metrics, skipped, monitor_files=_monitor_files(path))
     present = sorted(child.name for child in path.iterdir())[:8]
     return _unknown(path, present)
+
+
+def _sweep(path: Path) -> SweepSource:
+    sweep = _moved_to(sweep_manifest.read(path), path)
+    states = sweep_state.member_states(sweep, sweep_state.query_queue([sweep]))
+    summaries = {}
+    for member in sweep.members:
+        try:
+            summary = json.loads((Path(member.run_dir) / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):  # not finished (or lost): shown by its state
+            continue
+        if isinstance(summary, dict):
+            summaries[member.index] = summary
+    return SweepSource(path, sweep, states, summaries)
+
+
+def _moved_to(sweep: Sweep, path: Path) -> Sweep:
+    """``sweep`` read from ``path`` after it was moved or copied (off the cluster, say): its files are read
+    under ``path``, not where sweep.json's absolute paths point."""
+    if path.resolve() == sweep.directory.resolve():
+        return sweep
+    members = []
+    for member in sweep.members:
+        run_dir = Path(member.run_dir)
+        if run_dir.is_relative_to(sweep.directory):
+            run_dir = path / run_dir.relative_to(sweep.directory)
+        members.append(dataclasses.replace(member, run_dir=str(run_dir)))
+    return dataclasses.replace(sweep, directory=path, members=members)
 
 
 def _unknown(path: Path, present: list[str]) -> Source:

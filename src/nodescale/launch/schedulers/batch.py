@@ -25,6 +25,10 @@ from nodescale.launch.schedulers.base import DryRun, Scheduler, run_scheduler_co
 from nodescale.launch.shell import safe_job_name
 from nodescale.launch.spec import JobSpec, Preset
 
+# Scheduler states (Slurm's words; PBS's are mapped to them) after which nothing of a job runs any more.
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE", "FINISHED"}
+
 
 class BatchScheduler(Scheduler):
     """A scheduler that queues a job script: ``dryrun`` renders it, ``submit`` queues it."""
@@ -40,6 +44,10 @@ class BatchScheduler(Scheduler):
     @abstractmethod
     def status(self, job_ids: Sequence[str]) -> dict[str, str]:
         """The scheduler's state of each job still known to it (finished jobs may be absent)."""
+
+    @abstractmethod
+    def member_id(self, array_id: str, index: int) -> str:
+        """The id under which :meth:`status` lists member ``index`` of the array job ``array_id``."""
 
     @abstractmethod
     def read_partition(self, spec: JobSpec, preset: Preset) -> Partition | Unreachable:

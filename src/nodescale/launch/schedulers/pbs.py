@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from nodescale.launch.partition_fit import Partition, Unreachable
@@ -29,14 +30,11 @@ class Pbs(BatchScheduler):
     def status(self, job_ids: Sequence[str]) -> dict[str, str]:
         if not job_ids:
             return {}
-        out = query(["qstat", "-x", *job_ids])
-        # qstat may shorten "3456789.desched1" to "3456789.desc*": match ids by their number.
-        by_number = {job_id.split(".")[0]: job_id for job_id in job_ids}
-        states = {}
-        for parts in (line.split() for line in out.splitlines()):
-            if len(parts) >= 5 and parts[0].split(".")[0] in by_number:
-                states[by_number[parts[0].split(".")[0]]] = STATES.get(parts[4], parts[4])
-        return states
+        # -t: an array job's subjobs too, each on its own line.
+        return parse_qstat(query(["qstat", "-x", "-t", *job_ids]), job_ids)
+
+    def member_id(self, array_id: str, index: int) -> str:
+        return subjob_id(array_id, index)
 
     def read_partition(self, spec: JobSpec, preset: Preset) -> Partition | Unreachable:
         return pbs_nodes.read_queue(spec.queue or preset.queue)
@@ -44,3 +42,26 @@ class Pbs(BatchScheduler):
     def log_path(self, spec: JobSpec, job_id: str) -> str:
         # PBS names the file after the job's (sanitised) -N name and the number of its id.
         return str(spec.job_dir / f"{safe_job_name(spec.job_name, limit=MAX_JOB_NAME)}.o{job_id.split('.')[0]}")
+
+
+def parse_qstat(out: str, job_ids: Sequence[str]) -> dict[str, str]:
+    """``qstat -x -t``'s lines as the state of each of ``job_ids`` and of each subjob of an array among them
+    (``123[4].server`` of ``123[].server``), under the ids as nodescale stored them."""
+    # qstat may shorten "3456789.desched1" to "3456789.desc*": match ids by their number.
+    by_number = {job_id.split(".")[0]: job_id for job_id in job_ids}
+    states = {}
+    for parts in (line.split() for line in out.splitlines()):
+        if len(parts) < 5:
+            continue
+        number = parts[0].split(".")[0]
+        subjob = re.fullmatch(r"(\d+)\[(\d+)\]", number)  # 123[4] of the array 123[]
+        if subjob and f"{subjob.group(1)}[]" in by_number:
+            states[subjob_id(by_number[f"{subjob.group(1)}[]"], int(subjob.group(2)))] = STATES.get(parts[4], parts[4])
+        elif number in by_number:
+            states[by_number[number]] = STATES.get(parts[4], parts[4])
+    return states
+
+
+def subjob_id(array_id: str, index: int) -> str:
+    """``123[].server``'s subjob ``index``: ``123[index].server``."""
+    return array_id.replace("[]", f"[{index}]", 1)
