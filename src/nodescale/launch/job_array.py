@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nodescale.launch import shell
+from nodescale.launch.sweep import INDEX_VARIABLE
 from nodescale.launch.sweep_manifest import STATUS_DIR
 
-INDEX_VARIABLE = "NODESCALE_SWEEP_INDEX"
 # The array member itself, as scontrol names it (SLURM_JOB_ID is the task's own id, not the member's name).
 SLURM_MEMBER = '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"'
 

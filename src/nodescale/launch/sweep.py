@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from nodescale.errors import UserError
-from nodescale.launch.job_array import INDEX_VARIABLE
 from nodescale.launch.sweep_manifest import Member, Sweep
 
 MAX_MEMBERS = 1000
 RANGE_KINDS = ("log", "lin", "int")
+# Light on purpose: nodescale.launch.sweep_member imports this module on every rank of every member.
+INDEX_VARIABLE = "NODESCALE_SWEEP_INDEX"
 RESUME_VARIABLE = "NODESCALE_SWEEP_RESUME"
 _EXAMPLE = "e.g. --sweep optim.lr=0.1,0.01, or --sweep optim.lr=log:1e-4:1e-1 --trials 8"
 
@@ -161,6 +160,8 @@ def is_train(command: Sequence[str]) -> bool:
 
 def yaml_value(value: Any) -> str:
     """``value`` as ``--set`` reads it back (YAML): ``1.0e-05``, ``'yes'`` (a string, not true)."""
+    import yaml
+
     return yaml.safe_dump(value, default_flow_style=True, width=math.inf).removesuffix("...\n").strip()
 
 
@@ -170,7 +171,7 @@ def member_command(sweep: Sweep, member: Member, command: Sequence[str],
     env = {INDEX_VARIABLE: str(member.index), "NODESCALE_SWEEP_DIR": str(sweep.directory),
            "NODESCALE_RUN_DIR": member.run_dir, **({RESUME_VARIABLE: "1"} if resume else {})}
     if not is_train(command):
-        env.update({env_name(key): value if isinstance(value, str) else yaml_value(value)
+        env.update({env_name(key): str(value)
                     for key, value in member.settings.items()})
         return list(command), env
     settings = [word for key, value in member.settings.items() for word in ("--set", f"{key}={yaml_value(value)}")]

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from nodescale.errors import EXIT_USER_ERROR, UserError, program_not_found
 from nodescale.launch import sweep_manifest
-from nodescale.launch.job_array import INDEX_VARIABLE
-from nodescale.launch.sweep import RESUME_VARIABLE, member_command
+from nodescale.launch.sweep import INDEX_VARIABLE, RESUME_VARIABLE, member_command
 
 _INDEX_SOURCES = (INDEX_VARIABLE, "SLURM_ARRAY_TASK_ID", "PBS_ARRAY_INDEX")
 
