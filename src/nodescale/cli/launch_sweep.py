@@ -190,7 +190,7 @@ def _train_axes(axes: list[Axis]) -> list[Axis]:
             raise UserError(f"--sweep {axis.key}", "is set by the sweep itself", _OWN_KEYS[key])
         keys.append(key)
     check_unique(keys, [axis.key for axis in axes])
-    return [axis.with_key(key) for axis, key in zip(axes, keys)]
+    return [axis.with_key(key) for axis, key in zip(axes, keys, strict=True)]
 
 
 def train_command(command: list[str], keys: list[str]) -> tuple[list[str], list[str]]:

@@ -44,7 +44,7 @@ def step(indices: Sequence[int]) -> int | None:
     if len(indices) < 2:
         return None
     first = indices[1] - indices[0]
-    same = all(b - a == first for a, b in zip(indices, indices[1:]))
+    same = all(b - a == first for a, b in zip(indices, indices[1:], strict=False))
     return first if same and first > 0 else None
 
 

@@ -130,7 +130,7 @@ def expand(axes: Sequence[Axis], trials: int | None, seed: int) -> list[dict[str
     members = []
     for combination in itertools.product(*(axis.values for axis in grid)):
         for point in points:
-            settings = {**dict(zip((axis.key for axis in grid), combination)), **point}
+            settings = {**dict(zip((axis.key for axis in grid), combination, strict=True)), **point}
             members.append({axis.key: settings[axis.key] for axis in axes})
     return members
 

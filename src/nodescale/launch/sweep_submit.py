@@ -162,4 +162,4 @@ def print_table(sweep: Sweep, indices: Sequence[int]) -> None:
             for m in sweep.members if m.index in set(indices)]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
