@@ -502,3 +502,41 @@ def test_scheduler_options_and_software_are_checked_and_quoted(
         assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{text}"
         assert (dump / "argv").read_bytes().decode().split("\0")[:-1] == ["$(touch pwned)"]
         assert not list(root.rglob("pwned*")), "a hostile string ran"
+
+
+# --- launch --sweep: keys, values and counts (cli/launch_sweep.py) ---------------------------------------
+
+sweep_flags = st.lists(st.one_of(
+    st.tuples(st.sampled_from(["--sweep", "--trials", "--sweep-seed", "--max-concurrent"]),
+              st.one_of(st.sampled_from(["optim.lr=0.1,0.01", "batch-size=32,64", "lr=log:1e-4:1e-1", "a=int:1:3",
+                                         "a=log:0:1", "x=lin:2:1", "=", "k=", "k=,", "4", "0", "-1", "abc"]),
+                        st.tuples(st.sampled_from(["optim.lr", "word", "a.b", "w"]), arg_text)
+                        .map(lambda t: f"{t[0]}={t[1]}"), arg_text))
+    .filter(lambda t: t[1] != "--").map(lambda t: f"{t[0]}={t[1]}")), min_size=1, max_size=4)
+
+
+@few(80)
+@given(flags=sweep_flags, scheduler=st.sampled_from(["slurm", "pbs", "local"]),
+       command=st.one_of(st.just(["nodescale", "train", "--max-steps", "1"]), st.lists(arg_text, max_size=3)))
+def test_cli_launch_sweep_dry_run_random(flags: list[str], scheduler: str, command: list[str]) -> None:
+    argv = ["launch", f"--scheduler={scheduler}", *flags, "--dry-run", "--", *command]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        code, stdout, stderr = run_main(argv)
+        check_outcome(argv, code, stderr)
+        assert not list(Path(tmp).iterdir()), "a dry run wrote files"
+        _, _, script = stdout.partition("\n#!/bin/bash\n")
+        if code == 0 and script:
+            bash_n("#!/bin/bash\n" + script.split("\n# sbatch ")[0].split("\n# qsub ")[0], Path(tmp))
+
+
+@few(60)
+@given(key=arg_text.filter(lambda k: k.strip() and "=" not in k), value=arg_text.filter(lambda v: v.strip()))
+def test_sweep_values_reach_the_member_byte_for_byte(key: str, value: str) -> None:
+    from nodescale.launch.sweep import env_name, member_command
+    from nodescale.launch.sweep_manifest import Member, Sweep
+
+    sweep = Sweep("s", Path("/tmp/s"), ["true"], [], [key], [Member(0, {key: value}, "/tmp/s/m000")])
+    _, env = member_command(sweep, sweep.members[0], ["true"])
+    assert env[env_name(key)] == value and re.match(r"^[A-Z0-9_]+$", env_name(key))
+    argv, _ = member_command(sweep, sweep.members[0], ["nodescale", "train"])
+    assert argv[3].startswith(f"{key}=") and parse_assignment(argv[3])[1] == value  # --set reads it back as given

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from nodescale.cli import launch_flags
+from nodescale.cli import launch_flags, launch_sweep
 from nodescale.errors import UserError
 
 
@@ -46,6 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-requeue", dest="requeue", action="store_false",
                         help="Slurm/PBS: no stop signal before the wall time and no requeue")
     launch_flags.add_flags(parser)
+    launch_sweep.add_flags(parser)
     parser.add_argument("--max-restarts", metavar="N", default=None,
                         help="run the job's processes again after a failure, up to N times (not after a user "
                              "error); `nodescale train` resumes from its newest checkpoint: give train --out DIR "
@@ -194,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
     from nodescale.launch.schedulers.allocation import step_scheduler
     from nodescale.launch.schedulers.table import BATCH, SCHEDULERS
 
+    if launch_sweep.wanted(args):
+        return launch_sweep.run(args)
     spec, preset = build_spec(args)
     # Inside an allocation this shell holds (salloc, qsub -I), a step there rather than a new job.
     scheduler = (spec.scheduler in BATCH and step_scheduler(BATCH[spec.scheduler])) or SCHEDULERS[spec.scheduler]

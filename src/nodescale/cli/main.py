@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = one_line_warning  # type: ignore[assignment]
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a sweep records launch's flags
     try:
         return args.handler(args)
     except UserError as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import option_directives, rank_labels, requeue, restarts, shell, software, startup
+from nodescale.launch import job_array, option_directives, rank_labels, requeue, restarts, shell, software, startup
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # PBS Pro refuses longer job names.
@@ -65,8 +65,10 @@ def render_pbs(spec: JobSpec, preset: Preset) -> str:
         ["#!/bin/bash", *shell.header_lines(spec, preset), *(f"#PBS {d}" for d in directives(spec, preset))],
         shell.prologue_lines(spec, preset, cd_comment),
         rank_labels.pbs_log_lines(str(spec.job_dir)),
+        job_array.index_lines(spec.array.indices, "pbs") if spec.array else [],
         shell.rendezvous_block(_HEAD, "PBS_JOBID", env, _WHY_HEAD),
-        *run_lines(spec, preset, list(env)),
+        *(job_array.with_status(run_lines(spec, preset, [*env, job_array.INDEX_VARIABLE]), str(spec.array.sweep_dir))
+          if spec.array else run_lines(spec, preset, list(env))),
     ]
     return "\n".join(shell.paragraphs(blocks)) + "\n"
 
@@ -88,6 +90,8 @@ def directives(spec: JobSpec, preset: Preset) -> list[str]:
     if queue:
         options.append(f"-q {word(queue, 'queue')}")
     options += ["-j oe", f"-o {word(str(spec.job_dir).rstrip('/') + '/', 'job directory')}"]
+    if spec.array:
+        options += job_array.pbs_directives(spec.array.indices, spec.array.max_concurrent)
     options += option_directives.pbs_lines(spec, preset)  # the preset's, less what the command line sets
     return options
 

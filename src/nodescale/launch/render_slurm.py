@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from nodescale.errors import UserError
-from nodescale.launch import option_directives, rank_labels, requeue, restarts, shell, software, startup
+from nodescale.launch import job_array, option_directives, rank_labels, requeue, restarts, shell, software, startup
 from nodescale.launch.spec import JobSpec, Preset
 
 # The job's logs, inside spec.job_dir; %j is Slurm's job id.
@@ -46,8 +46,10 @@ def render_slurm(spec: JobSpec, preset: Preset) -> str:
         shell.prologue_lines(
             spec, preset, ["# Run in the job's directory, whatever directory sbatch was called from."]
         ),
+        job_array.index_lines(spec.array.indices, "slurm") if spec.array else [],
         shell.rendezvous_block(_HEAD, "SLURM_JOB_ID", env, _WHY_HEAD),
-        *run_lines(spec, preset),
+        *(job_array.with_status(run_lines(spec, preset), str(spec.array.sweep_dir)) if spec.array
+          else run_lines(spec, preset)),
     ]
     return "\n".join(shell.paragraphs(blocks)) + "\n"
 
@@ -68,13 +70,16 @@ def directives(spec: JobSpec, preset: Preset) -> list[str]:
     queue = spec.queue or preset.queue
     if queue:
         options.append(f"--partition={word(queue, 'partition')}")
-    options += [f"--output={log_path(spec, STDOUT_NAME)}", f"--error={log_path(spec, STDERR_NAME)}"]
+    names = [job_array.slurm_log_name(name) if spec.array else name for name in (STDOUT_NAME, STDERR_NAME)]
+    options += [f"--output={log_path(spec, names[0])}", f"--error={log_path(spec, names[1])}"]
     if spec.requeue:
         # B: signals the batch shell only; its trap passes the signal on to the job step. The logs
         # are appended to: a requeued job writes the same files again. Before the preset's lines,
         # which may override them.
         options += [f"--signal=B:{requeue.SIGNAL}@{spec.stop_warning_s}", "--requeue", "--open-mode=append"]
     options += restarts.slurm_directives(spec)
+    if spec.array:
+        options += job_array.slurm_directives(spec.array.indices, spec.array.max_concurrent)
     options += option_directives.slurm_lines(spec, preset, word)  # the preset's, less what the command line sets
     return options
 
@@ -117,7 +122,8 @@ def word(value: str, what: str) -> str:
 def run_lines(spec: JobSpec, preset: Preset) -> list[list[str]]:
     """The launch (in a restart loop with ``--max-restarts``, :mod:`nodescale.launch.restarts`), then the
     failure summary; with requeue, in the background with the signal passed on, and requeue after it."""
-    failed = rank_labels.failure_lines("SLURM_JOB_ID", rank_labels.slurm_logs(str(spec.job_dir)))
+    logs = job_array.slurm_log_words if spec.array else rank_labels.slurm_logs
+    failed = rank_labels.failure_lines("SLURM_JOB_ID", logs(str(spec.job_dir)))
     launch = launch_lines(spec, preset)
     if restarts.enabled(spec):
         launch = restarts.with_srun_report(launch)
@@ -136,9 +142,13 @@ def run_lines(spec: JobSpec, preset: Preset) -> list[list[str]]:
         [*why, *requeue.marker_lines(str(spec.job_dir), "SLURM_JOB_ID")],
         run,
         failed,
-        requeue.requeue_lines(restarts.SLURM_REQUEUE if restarts.enabled(spec) else 'scontrol requeue "$SLURM_JOB_ID"',
-                              'requeueing Slurm job $SLURM_JOB_ID'),
+        requeue.requeue_lines(_requeue_command(spec), 'requeueing Slurm job $SLURM_JOB_ID'),
     ]
+
+
+def _requeue_command(spec: JobSpec) -> str:
+    command = restarts.SLURM_REQUEUE if restarts.enabled(spec) else 'scontrol requeue "$SLURM_JOB_ID"'
+    return job_array.slurm_requeue(command) if spec.array else command
 
 
 def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:

@@ -75,6 +75,16 @@ class Preset(Strict):
     gpu_memory_gb: float | None = Field(None, gt=0, description="memory of one GPU in GB, as its datasheet says")
     interconnect_gbps: float | None = Field(None, gt=0, description="network bandwidth of one node, GB/s per "
                                             "direction, all its NICs together")
+    max_array_size: int | None = Field(None, ge=1, description="most members one array job may have (Slurm's "
+                                       "MaxArraySize, PBS's max_array_size), where the site says")
+
+
+class JobArray(Strict):
+    """The sweep members one array job runs (nodescale.launch.sweep); each runs the job's command as itself."""
+
+    indices: list[int] = Field(min_length=1, description="member indices, ascending")
+    max_concurrent: int | None = Field(None, ge=1, description="members running at once at most")
+    sweep_dir: Path = Field(description="the sweep's directory: sweep.json, status/INDEX")
 
 
 class JobSpec(Strict):
@@ -105,6 +115,7 @@ class JobSpec(Strict):
                                       "preset's directives")
     software: Software = Field(default_factory=Software, description="--module, --setup, --container, and the "
                                "submitting Python environment")
+    array: JobArray | None = Field(None, description="a sweep's members as one array job (--sweep)")
 
     @field_validator("time")
     @classmethod

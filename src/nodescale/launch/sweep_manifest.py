@@ -48,6 +48,7 @@ class Sweep:
     keys: list[str]
     members: list[Member]
     submissions: list[Submission] = field(default_factory=list)
+    workdir: str = ""  # where launch ran: --resubmit-failed reads launch_argv's relative paths from there
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -76,6 +77,7 @@ def read(directory: Path) -> Sweep:
             launch_argv=list(data["launch_argv"]),
             keys=list(data["keys"]), members=[Member(**member) for member in data["members"]],
             submissions=[Submission(**sub) for sub in data.get("submissions", [])],
+            workdir=str(data.get("workdir", "")),
         )
     except FileNotFoundError:
         raise UserError(str(directory), f"holds no {MANIFEST}, so it is not a sweep's directory",

@@ -80,6 +80,17 @@ class BatchScheduler(Scheduler):
 
     def submit(self, dryrun: DryRun) -> int:
         """Write the script to a file of its own, submit it, log the job (``nodescale jobs``) and print it."""
+        spec = dryrun.spec
+        job_id, script_path = self.queue(dryrun)
+        log = self.log_path(spec, job_id)
+        record(JobRecord(job_id, self.name, spec.job_name, str(script_path), log, str(spec.workdir), time.time()))
+        print(f"submitted {self.name} job {job_id}")
+        print(f"  script: {script_path}")
+        print(f"  log:    {log}")
+        return 0
+
+    def queue(self, dryrun: DryRun) -> tuple[str, Path]:
+        """Write the script to a file of its own and submit it: the job's id and the script's path."""
         spec, path = dryrun.spec, Path(dryrun.argv[-1])
         assert dryrun.script is not None, "a batch dry run holds its script"
         spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
@@ -94,12 +105,7 @@ class BatchScheduler(Scheduler):
         job_id = out.splitlines()[-1].split(";")[0].strip() if out else ""
         if not re.match(r"^\d+", job_id):
             raise UserError(f"{argv[0]} output {out!r}", "holds no job id", "check the scheduler's logs")
-        log = self.log_path(spec, job_id)
-        record(JobRecord(job_id, self.name, spec.job_name, str(script_path), log, str(spec.workdir), time.time()))
-        print(f"submitted {self.name} job {job_id}")
-        print(f"  script: {script_path}")
-        print(f"  log:    {log}")
-        return 0
+        return job_id, script_path
 
     def cancel(self, job_id: str) -> None:
         """Ask the scheduler to end the job; UserError if it refuses."""

@@ -1,0 +1,165 @@
+"""A sweep's members submitted as array jobs, or run here one after another, and their states.
+
+The array job's command is the member wrapper (:mod:`nodescale.launch.sweep_member`) around the
+user's command; the script names the member (:mod:`nodescale.launch.job_array`). Each submission
+is appended to ``sweep.json`` and logged for ``nodescale jobs`` with the sweep's directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from nodescale.atomic_files import write_text_atomic
+from nodescale.launch import job_array, sweep_manifest
+from nodescale.launch.job_log import JobRecord, record
+from nodescale.launch.schedulers.base import DryRun
+from nodescale.launch.schedulers.batch import BatchScheduler, query
+from nodescale.launch.spec import JobArray, JobSpec, Preset
+from nodescale.launch.sweep import member_command
+from nodescale.launch.sweep_manifest import Submission, Sweep
+
+WRAPPER = ("python3", "-m", "nodescale.launch.sweep_member")
+
+
+def dryruns(scheduler: BatchScheduler, spec: JobSpec, preset: Preset, sweep: Sweep, command: Sequence[str],
+            indices: Sequence[int], max_concurrent: int | None) -> list[DryRun]:
+    """One array job of ``indices`` (PBS: one per range ``-J`` can say), each member running ``command``."""
+    groups = job_array.pbs_runs(indices) if scheduler.name == "pbs" else [list(indices)]
+    wrapped = [*WRAPPER, str(sweep.directory), "--", *command]
+    return [scheduler.dryrun(spec.model_copy(update={
+        "command": wrapped, "array": JobArray(indices=group, max_concurrent=max_concurrent,
+                                              sweep_dir=sweep.directory)}), preset) for group in groups]
+
+
+def submit(scheduler: BatchScheduler, sweep: Sweep, jobs: Sequence[DryRun], resume: bool) -> None:
+    """Queue each job, log it with the sweep's directory, and record it in ``sweep.json``."""
+    for dryrun in jobs:
+        spec = dryrun.spec
+        assert spec.array is not None, "a sweep's job is an array job"
+        job_id, script = scheduler.queue(dryrun)
+        log = member_log(scheduler.name, spec, job_id)
+        record(JobRecord(job_id, scheduler.name, spec.job_name, str(script), log.replace("{index}", "*"),
+                         str(spec.workdir), time.time(), sweep=str(sweep.directory)))
+        sweep.submissions.append(Submission(job_id, scheduler.name, list(spec.array.indices), resume, log,
+                                            time.time()))
+        sweep_manifest.write(sweep)
+        shown = job_array.ranges(spec.array.indices)
+        print(f"submitted {scheduler.name} job {job_id}: sweep members {shown}")
+        print(f"  script: {script}")
+        print(f"  logs:   {log}")
+
+
+def member_log(scheduler: str, spec: JobSpec, job_id: str) -> str:
+    """The members' log path, ``{index}`` where the member's index goes."""
+    number = job_id.split(".")[0].split("[")[0]
+    if scheduler == "slurm":
+        return str(spec.job_dir / f"slurm-{number}_{{index}}.out")
+    single = spec.array is not None and len(spec.array.indices) == 1  # a plain PBS job (-J needs two)
+    return str(spec.job_dir / (f"pbs-{number}.log" if single else f"pbs-{number}[{{index}}].log"))
+
+
+def run_here(sweep: Sweep, spec: JobSpec, command: Sequence[str], indices: Sequence[int], resume: bool,
+             max_concurrent: int | None) -> int:
+    """Run the members on this machine, ``max_concurrent`` at once (default one after another); a failed member
+    does not stop the others. Each member's output goes to its log, its exit code to its status file."""
+    from nodescale.launch.schedulers.local import Local
+
+    log = str(sweep.directory / "logs" / "{index}.log")
+    sweep.submissions.append(Submission("local", "local", list(indices), resume, log, time.time()))
+    sweep_manifest.write(sweep)
+    (sweep.directory / "logs").mkdir(parents=True, exist_ok=True)
+    members = {member.index: member for member in sweep.members}
+    waiting, running, failed = list(indices), {}, []
+    try:
+        while waiting or running:
+            while waiting and len(running) < (max_concurrent or 1):
+                index = waiting.pop(0)
+                argv, env = member_command(sweep, members[index], command, resume)
+                dryrun = Local().dryrun(spec.model_copy(update={"command": argv, "env": {**spec.env, **env}}), None)
+                with open(log.format(index=index), "ab") as out:
+                    running[index] = subprocess.Popen(list(dryrun.argv), env={**os.environ, **dryrun.env},
+                                                      cwd=spec.workdir, stdout=out, stderr=subprocess.STDOUT)
+            time.sleep(0.05)
+            for index, process in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[index]
+                write_text_atomic(sweep_manifest.status_path(sweep.directory, index), f"{process.returncode}\n")
+                settings = " ".join(f"{key}={value}" for key, value in members[index].settings.items())
+                print(f"member {index} ({settings}): exit code {process.returncode}, log {log.format(index=index)}",
+                      flush=True)
+                if process.returncode != 0:
+                    failed.append(index)
+    finally:
+        for process in running.values():  # interrupted: the members still running end with this launch
+            process.terminate()
+            process.wait()
+    print(f"sweep {sweep.directory}: {len(indices)} members run, {len(failed)} failed"
+          + (f" ({', '.join(map(str, sorted(failed)))}: `nodescale launch --resubmit-failed "
+             f"{sweep.directory}` runs them again)" if failed else ""))
+    return 1 if failed else 0
+
+
+def listed_states(sweep: Sweep) -> dict[int, str]:
+    """Each member's state in the queue of the scheduler its newest submission went to, where it still lists it."""
+    newest = {index: submission for submission in sweep.submissions for index in submission.members}
+    states: dict[int, str] = {}
+    for submission in {id(sub): sub for sub in newest.values()}.values():
+        mine = [index for index in submission.members if newest[index] is submission]
+        if submission.scheduler == "slurm":
+            out = query(["squeue", "-r", "-h", "-t", "all", "-o", "%i %T", "-j", submission.job_id])
+            found = {task.partition("_")[2]: state for task, _, state in (line.partition(" ") for line in
+                                                                         out.splitlines())}
+        elif submission.scheduler == "pbs":
+            found = _pbs_states(submission)
+        else:
+            continue
+        states.update({index: found[str(index)].strip() for index in mine if str(index) in found})
+    return states
+
+
+def _pbs_states(submission: Submission) -> dict[str, str]:
+    from nodescale.launch.schedulers.pbs import STATES
+
+    out = query(["qstat", "-t", "-x", submission.job_id])
+    found = {}
+    for parts in (line.split() for line in out.splitlines()):
+        if len(parts) < 5 or not parts[0][:1].isdigit():
+            continue
+        index = parts[0].partition("[")[2].partition("]")[0]
+        if len(submission.members) == 1:  # a plain job: its one member
+            index = str(submission.members[0])
+        if index:
+            found[index] = STATES.get(parts[4], parts[4])
+    return found
+
+
+def failed_members(sweep: Sweep) -> tuple[list[int], dict[str, int]]:
+    """The failed members' indices, and how many members are in each state."""
+    listed = listed_states(sweep)
+    states = {member.index: sweep_manifest.member_state(sweep, member, listed.get(member.index))
+              for member in sweep.members}
+    counts: dict[str, int] = {}
+    for state in states.values():
+        counts[state] = counts.get(state, 0) + 1
+    return [index for index, state in states.items() if state == "failed"], counts
+
+
+def forget_status(sweep: Sweep, indices: Sequence[int]) -> None:
+    """Remove the old exit codes of members about to run again (until they end, they are queued, not failed)."""
+    for index in indices:
+        Path(sweep_manifest.status_path(sweep.directory, index)).unlink(missing_ok=True)
+
+
+def print_table(sweep: Sweep, indices: Sequence[int]) -> None:
+    """The members as ``--dry-run`` shows them: index, each setting, run directory."""
+    header = ["index", *sweep.keys, "run dir"]
+    rows = [[str(m.index), *(str(m.settings[key]) for key in sweep.keys), m.run_dir]
+            for m in sweep.members if m.index in set(indices)]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

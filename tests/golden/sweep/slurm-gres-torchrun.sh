@@ -1,0 +1,105 @@
+#!/bin/bash
+# Job script written by `nodescale launch` for preset slurm-gres: 2 node(s) x 4 process(es), mode torchrun.
+# Directives come first: the scheduler reads them only up to the first command.
+#SBATCH --job-name=resnet_ddp
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=40
+#SBATCH --gres=gpu:v100:4
+#SBATCH --time=02:30:00
+#SBATCH --account=proj_123
+#SBATCH --partition=gpu
+#SBATCH --output=/home/user/project/runs/resnet-ddp/slurm-%A_%a.out
+#SBATCH --error=/home/user/project/runs/resnet-ddp/slurm-%A_%a.err
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --array=0-5%4
+#SBATCH --mem=0
+
+set -euo pipefail
+
+# Run in the job's directory, whatever directory sbatch was called from.
+cd /home/user/project
+
+# Launcher variables the submitting shell passed on (sbatch, qsub -V) would give every process a wrong rank.
+unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE TORCHELASTIC_RUN_ID MASTER_ADDR MASTER_PORT
+
+# The preset's software environment; -u is off: module and activation scripts read unset variables.
+set +u
+module load pytorch/2.1
+set -u
+
+# Environment of the cluster preset.
+export NCCL_DEBUG=WARN
+# Environment from --env (wins over the preset's).
+export OMP_NUM_THREADS=8
+export RUN_NOTE='lr 0.1, '"'"'warm'"'"' start'
+
+# Sweep member: nodescale.launch.sweep_member reads its index on every rank and applies its settings.
+export NODESCALE_SWEEP_INDEX=$SLURM_ARRAY_TASK_ID
+
+# Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
+# the port derives from the job id: the same on every node, another for each job.
+# Its address is Slurm's NodeAddr (scontrol): node names need not resolve on the compute nodes.
+job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+head_node=${job_nodes%%$'\n'*}
+head_info=$(scontrol show node "$head_node" 2>/dev/null) || head_info=""
+if [[ $head_info =~ NodeAddr=([^[:space:]]+) ]]; then head_addr=${BASH_REMATCH[1]}; else head_addr=$head_node; fi
+MASTER_ADDR=$(python3 -c 'import socket, sys; print(socket.getaddrinfo(sys.argv[1], None, socket.AF_INET)[0][4][0])' "$head_addr" 2>/dev/null) || MASTER_ADDR=$head_addr
+MASTER_PORT=$(python3 -c 'import re, sys, zlib; j = sys.argv[1].strip(); m = re.match(r"(\d+)(?:\[(\d*)\])?", j); print(29500 if not j else 15000 + (int(m[1]) + int(m[2] or 0) if m else zlib.crc32(j.encode())) % 15000)' "$SLURM_JOB_ID")
+export MASTER_ADDR MASTER_PORT
+echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
+
+# Preemption and wall time: Slurm sends USR1 120 s before the end (or `scancel --signal=USR1 --batch`);
+# the ranks checkpoint at the next step and exit, and the job is requeued (--resume continues it).
+# Rank 0 writes NODESCALE_REQUEUE_FILE when the ranks stopped for requeue (torchrun hides their exit code).
+export NODESCALE_REQUEUE_FILE=/home/user/project/runs/resnet-ddp/requeue-"$SLURM_JOB_ID"
+rm -f "$NODESCALE_REQUEUE_FILE"
+
+# In the background, so the trap runs when the signal comes; wait again until the launch has ended.
+step_pid=
+trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$step_pid" 2>/dev/null || true' USR1
+# torchrun mode: one torchrun per node, each starting 4 processes.
+# --cpus-per-task again: Slurm 22.05 to 23.02 do not pass the job's value on to steps.
+# --kill-on-bad-exit: one failed task ends the step, not leaving the others waiting.
+# The command reaches the script below as its arguments ("$@"), never re-quoted.
+srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=40 --label --kill-on-bad-exit=1 \
+    bash -c '
+        trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
+        # On every node. The first hosts the store (is_host=1); local_addr is this node as the others
+        # reach it (its route to MASTER_ADDR), where torchrun would guess from the host name (often loopback).
+        node_rank=$SLURM_NODEID
+        if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi
+        local_addr=$(python3 -c "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)
+        exec 2>&1  # one stream per rank: its traceback stays in order with its other lines
+        export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank\${rank}]:"  # with --tee=3: each line its rank
+        # Each rank bound to the NUMA node of its GPU, where this torch and this node allow it (numa_binding.py).
+        numa_binding=$(python3 -m nodescale.launch.numa_binding 2>/dev/null) || numa_binding=
+        exec torchrun --nnodes=2 --nproc-per-node=4 \
+            --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
+            --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --tee=3 $numa_binding --no-python "$@"
+    ' \
+    nodescale-node python3 -m nodescale.launch.sweep_member /home/user/project/sweep -- nodescale train --config /home/user/project/resnet.yaml --set epochs=3 &
+step_pid=$!
+step_status=0
+while true; do
+    wait "$step_pid" && step_status=0 || step_status=$?
+    kill -0 "$step_pid" 2>/dev/null || break
+done
+
+# A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
+if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+    python3 -m nodescale.launch.first_failure "$SLURM_JOB_ID" /home/user/project/runs/resnet-ddp/slurm-"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}".out /home/user/project/runs/resnet-ddp/slurm-"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}".err 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $SLURM_JOB_ID\` shows each rank's lines"
+fi
+
+# Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
+if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
+    echo "nodescale: stopped for requeue (exit code $step_status): requeueing Slurm job $SLURM_JOB_ID"
+    scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+    exit 0
+fi
+# The member ended for good (a requeue exited above): its exit code, written whole (temporary file, mv).
+status_file=/home/user/project/sweep/status/"$NODESCALE_SWEEP_INDEX"
+mkdir -p "${status_file%/*}" && echo "$step_status" > "$status_file.$$" && mv -f "$status_file.$$" "$status_file" || echo "nodescale: could not write $status_file"
+exit "$step_status"
