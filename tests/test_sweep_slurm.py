@@ -78,8 +78,10 @@ def swept(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
         again = run_cli(["launch", "--resubmit-failed", "sweep"], cwd=cwd)
         wait_for_status(directory, [1], slurm_cluster)
         registry = [json.loads(line) for line in (cwd / "state" / "nodescale" / "jobs.jsonl").read_text().splitlines()]
+        jobs = run_cli(["jobs", "--all"], cwd=cwd).stdout
+        run_cli(["report", "sweep", "--out", "report"], cwd=cwd)
         yield {"cwd": cwd, "dir": directory, "first": first.stdout, "again": again.stdout, "codes": codes,
-               "before": before, "registry": registry}
+               "before": before, "registry": registry, "jobs": jobs, "report": (cwd / "report" / "report.md")}
 
 
 def test_one_array_runs_every_member_with_its_settings(swept: dict[str, Any]) -> None:
@@ -111,3 +113,13 @@ def test_a_failed_member_does_not_stop_the_others_and_is_rerun_alone(swept: dict
     assert log.is_file() and "member broken on purpose" not in log.read_text()
     assert read_summary(directory / "m001")["global_steps"] == 4
     assert os.path.getmtime(directory / "m001" / "summary.json") > os.path.getmtime(directory / "m000" / "summary.json")
+
+
+def test_jobs_shows_one_sweep_and_report_ranks_its_members(swept: dict[str, Any]) -> None:
+    sweep_lines = [line for line in swept["jobs"].splitlines() if " sweep " in line]
+    assert len(sweep_lines) == 1 and "4 members: 4 done, 0 running, 0 pending, 0 failed" in sweep_lines[0], \
+        swept["jobs"]
+    text = swept["report"].read_text()
+    rows = [re.match(r"\| \[(m\d+)\]", line).group(1) for line in text.splitlines() if line.startswith("| [m0")]
+    losses = {f"m{i:03d}": read_summary(swept["dir"] / f"m{i:03d}")["val_loss"] for i in range(4)}
+    assert rows == sorted(losses, key=losses.__getitem__), text

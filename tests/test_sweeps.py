@@ -167,7 +167,7 @@ def test_dry_run_shows_members_the_override_and_the_array_script(tmp_path: Path,
                     for i, (lr, bs) in enumerate([("0.1", "32"), ("0.1", "64"), ("0.03", "32"), ("0.03", "64")])]
     assert "#SBATCH --array=0-3%3" in out and "slurm-%A_%a.out" in out
     assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in out
-    assert f"python3 -m nodescale.launch.sweep_member {tmp_path / 'lrs'} -- nodescale train --out lrs" in out
+    assert f"nodescale sweep-member {tmp_path / 'lrs'} -- nodescale train --out lrs" in out
     assert not list(tmp_path.iterdir())
 
 
@@ -181,7 +181,7 @@ def test_dry_run_shows_members_the_override_and_the_array_script(tmp_path: Path,
 def test_array_script_golden(preset: str, mode: str, indices: list[int], limit: int | None) -> None:
     spec = golden_spec(PRESETS[preset], mode)
     spec = spec.model_copy(update={
-        "command": ["python3", "-m", "nodescale.launch.sweep_member", "/home/user/project/sweep", "--",
+        "command": ["nodescale", "sweep-member", "/home/user/project/sweep", "--",
                     *spec.command],
         "array": JobArray(indices=indices, max_concurrent=limit, sweep_dir=Path("/home/user/project/sweep"))})
     text = (render_slurm if preset.startswith("slurm") else render_pbs)(spec, PRESETS[preset])

@@ -27,6 +27,11 @@ from nodescale.cli import (
 from nodescale.errors import EXIT_USER_ERROR, UserError, one_line_warning
 
 
+# The `nodescale` script, not `python3 -m`: its shebang names the right interpreter, where Open MPI puts its
+# own bin directory (/usr/bin on Debian, with another python3) first on the ranks' PATH.
+SWEEP_MEMBER = "sweep-member"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nodescale",
@@ -51,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = one_line_warning  # type: ignore[assignment]
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == [SWEEP_MEMBER]:  # not a user's command: an array job's wrapper on every rank (no parser)
+        from nodescale.launch.sweep_member import main as run_member
+
+        return run_member(given[1:])
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a sweep records launch's flags
     try:

@@ -83,7 +83,7 @@ def index_lines(indices: Sequence[int], scheduler: str) -> list[str]:
     if scheduler == "pbs" and len(indices) == 1:
         source = str(indices[0])
     return [
-        "# Sweep member: nodescale.launch.sweep_member reads its index on every rank and applies its settings.",
+        "# Sweep member: `nodescale sweep-member` reads its index on every rank and applies its settings.",
         f"export {INDEX_VARIABLE}={source}",
     ]
 

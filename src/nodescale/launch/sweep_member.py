@@ -1,4 +1,4 @@
-"""``python3 -m nodescale.launch.sweep_member SWEEP_DIR -- COMMAND...``: run COMMAND as one member of a sweep.
+"""``nodescale sweep-member SWEEP_DIR -- COMMAND...``: run COMMAND as one member of a sweep.
 
 An array job's script runs this in place of the command, on every rank and in every launch mode: it
 reads the member's index (``NODESCALE_SWEEP_INDEX``, which the script sets, else Slurm's or PBS's array

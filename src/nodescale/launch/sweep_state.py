@@ -47,7 +47,11 @@ def listed_states(sweep: Sweep, listed: Mapping[str, str]) -> dict[int, str]:
     states = {}
     for index, submission in latest_submissions(sweep).items():
         scheduler = BATCH.get(submission.scheduler)
-        state = listed.get(scheduler.member_id(submission.job_id, index)) if scheduler else None
+        if scheduler is None:
+            continue
+        state = listed.get(scheduler.member_id(submission.job_id, index))
+        if state is None and len(submission.members) == 1:  # a lone PBS member goes as a plain job (-J needs two)
+            state = listed.get(submission.job_id)
         if state is not None:
             states[index] = state
     return states

@@ -17,12 +17,12 @@ from nodescale.atomic_files import write_text_atomic
 from nodescale.launch import job_array, sweep_manifest
 from nodescale.launch.job_log import JobRecord, record
 from nodescale.launch.schedulers.base import DryRun
-from nodescale.launch.schedulers.batch import BatchScheduler, query
+from nodescale.launch.schedulers.batch import BatchScheduler
 from nodescale.launch.spec import JobArray, JobSpec, Preset
 from nodescale.launch.sweep import member_command
 from nodescale.launch.sweep_manifest import Submission, Sweep
 
-WRAPPER = ("python3", "-m", "nodescale.launch.sweep_member")
+WRAPPER = ("nodescale", "sweep-member")  # nodescale.cli.main.SWEEP_MEMBER
 
 
 def dryruns(scheduler: BatchScheduler, spec: JobSpec, preset: Preset, sweep: Sweep, command: Sequence[str],
@@ -104,45 +104,11 @@ def run_here(sweep: Sweep, spec: JobSpec, command: Sequence[str], indices: Seque
     return 1 if failed else 0
 
 
-def listed_states(sweep: Sweep) -> dict[int, str]:
-    """Each member's state in the queue of the scheduler its newest submission went to, where it still lists it."""
-    newest = {index: submission for submission in sweep.submissions for index in submission.members}
-    states: dict[int, str] = {}
-    for submission in {id(sub): sub for sub in newest.values()}.values():
-        mine = [index for index in submission.members if newest[index] is submission]
-        if submission.scheduler == "slurm":
-            out = query(["squeue", "-r", "-h", "-t", "all", "-o", "%i %T", "-j", submission.job_id])
-            found = {task.partition("_")[2]: state for task, _, state in (line.partition(" ") for line in
-                                                                         out.splitlines())}
-        elif submission.scheduler == "pbs":
-            found = _pbs_states(submission)
-        else:
-            continue
-        states.update({index: found[str(index)].strip() for index in mine if str(index) in found})
-    return states
-
-
-def _pbs_states(submission: Submission) -> dict[str, str]:
-    from nodescale.launch.schedulers.pbs import STATES
-
-    out = query(["qstat", "-t", "-x", submission.job_id])
-    found = {}
-    for parts in (line.split() for line in out.splitlines()):
-        if len(parts) < 5 or not parts[0][:1].isdigit():
-            continue
-        index = parts[0].partition("[")[2].partition("]")[0]
-        if len(submission.members) == 1:  # a plain job: its one member
-            index = str(submission.members[0])
-        if index:
-            found[index] = STATES.get(parts[4], parts[4])
-    return found
-
-
 def failed_members(sweep: Sweep) -> tuple[list[int], dict[str, int]]:
-    """The failed members' indices, and how many members are in each state."""
-    listed = listed_states(sweep)
-    states = {member.index: sweep_manifest.member_state(sweep, member, listed.get(member.index))
-              for member in sweep.members}
+    """The failed members' indices, and how many members are in each state (as ``nodescale jobs`` counts them)."""
+    from nodescale.launch import sweep_state
+
+    states = sweep_state.member_states(sweep, sweep_state.query_queue([sweep]))
     counts: dict[str, int] = {}
     for state in states.values():
         counts[state] = counts.get(state, 0) + 1

@@ -32,7 +32,7 @@ export RUN_NOTE='lr 0.1, '"'"'warm'"'"' start'
 ranks_log=/home/user/project/runs/resnet-ddp/pbs-"${PBS_JOBID%%.*}".log
 exec > >(tee -a "$ranks_log") 2>&1
 
-# Sweep member: nodescale.launch.sweep_member reads its index on every rank and applies its settings.
+# Sweep member: `nodescale sweep-member` reads its index on every rank and applies its settings.
 export NODESCALE_SWEEP_INDEX=$PBS_ARRAY_INDEX
 
 # Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
@@ -71,7 +71,7 @@ mpiexec -n 8 --hostfile "$PBS_NODEFILE" --map-by ppr:4:node --bind-to none --tag
         export NODE_RANK=$GROUP_RANK
         exec "$@"
     ' \
-    nodescale-task python3 -m nodescale.launch.sweep_member /home/user/project/sweep -- nodescale train --config /home/user/project/resnet.yaml --set epochs=3 &
+    nodescale-task nodescale sweep-member /home/user/project/sweep -- nodescale train --config /home/user/project/resnet.yaml --set epochs=3 &
 step_pid=$!
 step_status=0
 while true; do

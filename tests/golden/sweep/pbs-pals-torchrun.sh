@@ -44,7 +44,7 @@ export RUN_NOTE='lr 0.1, '"'"'warm'"'"' start'
 ranks_log=/home/user/project/runs/resnet-ddp/pbs-"${PBS_JOBID%%.*}".log
 exec > >(tee -a "$ranks_log") 2>&1
 
-# Sweep member: nodescale.launch.sweep_member reads its index on every rank and applies its settings.
+# Sweep member: `nodescale sweep-member` reads its index on every rank and applies its settings.
 export NODESCALE_SWEEP_INDEX=$PBS_ARRAY_INDEX
 
 # Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
@@ -87,7 +87,7 @@ mpiexec -n 2 --ppn 1 --cpu-bind none --label \
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$PBS_JOBID" \
             --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --tee=3 $numa_binding --no-python "$@"
     ' \
-    nodescale-node python3 -m nodescale.launch.sweep_member /home/user/project/sweep -- nodescale train --config /home/user/project/resnet.yaml --set epochs=3 &
+    nodescale-node nodescale sweep-member /home/user/project/sweep -- nodescale train --config /home/user/project/resnet.yaml --set epochs=3 &
 step_pid=$!
 step_status=0
 while true; do

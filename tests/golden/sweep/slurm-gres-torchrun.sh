@@ -36,7 +36,7 @@ export NCCL_DEBUG=WARN
 export OMP_NUM_THREADS=8
 export RUN_NOTE='lr 0.1, '"'"'warm'"'"' start'
 
-# Sweep member: nodescale.launch.sweep_member reads its index on every rank and applies its settings.
+# Sweep member: `nodescale sweep-member` reads its index on every rank and applies its settings.
 export NODESCALE_SWEEP_INDEX=$SLURM_ARRAY_TASK_ID
 
 # Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
@@ -80,7 +80,7 @@ srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=40 --label --kill-on-bad-exit
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
             --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --tee=3 $numa_binding --no-python "$@"
     ' \
-    nodescale-node python3 -m nodescale.launch.sweep_member /home/user/project/sweep -- nodescale train --config /home/user/project/resnet.yaml --set epochs=3 &
+    nodescale-node nodescale sweep-member /home/user/project/sweep -- nodescale train --config /home/user/project/resnet.yaml --set epochs=3 &
 step_pid=$!
 step_status=0
 while true; do
