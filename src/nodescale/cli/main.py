@@ -26,7 +26,6 @@ from nodescale.cli import (
 )
 from nodescale.errors import EXIT_USER_ERROR, UserError, one_line_warning
 
-
 # The `nodescale` script, not `python3 -m`: its shebang names the right interpreter, where Open MPI puts its
 # own bin directory (/usr/bin on Debian, with another python3) first on the ranks' PATH.
 SWEEP_MEMBER = "sweep-member"
