@@ -62,11 +62,11 @@ def measure_scaling(model: str, args: argparse.Namespace, work: Path) -> Path:
 def predict(model: str, calibration_run: Path, world_size: int, comm: Path, args: argparse.Namespace,
             work: Path) -> dict[str, Any]:
     """The plan's DDP row on one node of ``world_size`` ranks, calibrated on ``calibration_run``."""
-    done = subprocess.run(nodescale("plan", "--model", model, *DATA, "--batch-size", str(args.batch_size), "--strategy", "ddp",
-                         "--nodes", "1", "--gpus-per-node", str(world_size), "--gpu-memory", "100",
-                         "--peak-tflops", str(args.peak_tflops), "--comm", str(comm), "--max-steps", "100",
-                         "--calibrate", str(calibration_run), "--json"),
-                          env=child_env(1), capture_output=True, text=True, check=False)
+    argv = nodescale("plan", "--model", model, *DATA, "--batch-size", str(args.batch_size), "--strategy", "ddp",
+                     "--nodes", "1", "--gpus-per-node", str(world_size), "--gpu-memory", "100",
+                     "--peak-tflops", str(args.peak_tflops), "--comm", str(comm), "--max-steps", "100",
+                     "--calibrate", str(calibration_run), "--json")
+    done = subprocess.run(argv, env=child_env(1), capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"nodescale plan failed ({done.returncode}): {done.stderr}")
     plan = json.loads(done.stdout)

@@ -144,9 +144,9 @@ def plan_launch(spec: Any, preset: Any) -> None:
     try:
         plan = make_plan(cfg, settings)
     except UserError as exc:
-        if "--gpu-memory" not in exc.hint:
+        if "--gpu-memory" not in (exc.hint or ""):
             raise
-        raise UserError(exc.value, exc.rule, "run `nodescale plan` with the same train flags and --gpu-memory, "
+        raise UserError(exc.what, exc.rule, "run `nodescale plan` with the same train flags and --gpu-memory, "
                         "--peak-tflops; or give the preset gpu_model and gpu_memory_gb") from None
     show(plan)
     own = next((row for row in plan.rows if row.option == run_option(cfg)), None)  # type: ignore[attr-defined]

@@ -49,7 +49,7 @@ def plan_section(run: RunSource) -> str:
 
         estimate = estimate_run(MeasuredRun(run.path, run.summary, load_config(config)), DEFAULT_EFFICIENCY)
     except UserError as exc:  # the dataset is gone, the model no longer builds: the report goes on without it
-        return f"{title}\n\n_Not estimated: {exc.value}: {exc.rule}._"
+        return f"{title}\n\n_Not estimated: {exc.what}: {exc.rule}._"
     notes = [
         "The plan's figures for this run's config, world size and strategy (`nodescale plan`), all ranks on one "
         "node. Memory: the run's peak is comparable only on a GPU (`torch.cuda.max_memory_allocated`).",
