@@ -263,6 +263,7 @@ def build():
     ([*BASE[1:], "--sample-shape", "3x224"], "comma-separated"),
     ([*BASE[1:], "--comm", "/nonexistent/results.json"], "bench comm"),
     ([*BASE[1:], "--strategy", "single"], "--strategy ddp"),
+    ([*BASE[1:], "--strategy", "fsdp", "--sharding", "none"], "--strategy ddp for a replicated model"),
 ])
 def test_bad_input_exits_2_with_a_hint(args: list[str], said: str) -> None:
     code, _, err = run_main(["plan", *args])

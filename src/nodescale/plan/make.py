@@ -127,4 +127,8 @@ def _options(cfg: RunConfig, settings: PlanSettings) -> list[StrategyOption]:
     if section is not None and cfg.strategy.name in ("single", "dp"):
         raise UserError(f"--strategy {cfg.strategy.name}", "plans are for one process per GPU across nodes",
                         "use --strategy ddp, fsdp, deepspeed, or auto (every option)")
-    return options_for_strategy(section)
+    options = options_for_strategy(section)
+    if not options:  # FSDP's sharding none replicates everything: what DDP holds and moves
+        raise UserError(f"--sharding {getattr(cfg.strategy, 'sharding', '')}", "is not priced by the plan",
+                        "use --strategy ddp for a replicated model, or --sharding full, grad-op or hybrid")
+    return options
