@@ -4,6 +4,7 @@
 #   bash scripts/gpu-wheels.sh                    # here, once: wheels the bare GPU image lacks
 #   bash scripts/gpu-check.sh tests|bench|all [throughput.py flags]   # there, with .whl carried
 #   bash scripts/gpu-check.sh bench --cases gpt2_small --quick       # GPT-2 small tokens/s and MFU, ~3 min
+#   bash scripts/gpu-check.sh plan [plan_gpu.py flags]   # nodescale plan against ResNet-50, ViT-B/16 runs, ~2 min
 #
 # One device call runs at most 10 minutes: run `tests` and `bench` in separate calls there.
 # Results (JUnit XML, logs, benchmark JSON) go to $OUT when it is set (the device tool's
@@ -31,5 +32,9 @@ fi
 if [[ "$what" == bench || "$what" == all ]]; then
     python3 benchmarks/throughput.py --out "$out/throughput.json" "${@:2}" 2>&1 | tee "$out/throughput.log"
     (( status == 0 )) && status=${PIPESTATUS[0]}
+fi
+if [[ "$what" == plan ]]; then  # not in `all`: one call each; without CUDA it prints the plan's side and exits 2
+    python3 benchmarks/plan_gpu.py --out "$out/plan-gpu.json" "${@:2}" 2>&1 | tee "$out/plan-gpu.log"
+    status=${PIPESTATUS[0]}
 fi
 exit "$status"

@@ -250,7 +250,7 @@ def test_cli_launch_dry_run_random(options: list[str], scheduler: str | None, co
 plan_options = st.lists(
     st.tuples(st.sampled_from(["--cluster", "--nodes", "--gpus-per-node", "--train-samples", "--sample-shape",
                                "--num-classes", "--deadline", "--comm", "--gpu-memory", "--peak-tflops",
-                               "--efficiency", "--strategy"]),
+                               "--efficiency", "--strategy", "--calibrate"]),
               st.one_of(st.sampled_from(["derecho", "mahti", "1", "0", "-1", "2.5", "1e309", "nan", "inf", "3,8,8",
                                          "1,8,8,8,8", "8", "00:00:01", "1-00:00:00", "99:99:99", "auto", "fsdp",
                                          "/nonexistent.json", "1,,8"]), arg_text))
@@ -267,6 +267,17 @@ def test_cli_plan_random(options: list[str]) -> None:
     check_outcome(argv, code, stderr)
     if code == 0:
         assert json.loads(stdout)["rows"]
+
+
+@few(10)
+@given(command=st.lists(arg_text, max_size=4), train=st.booleans())
+def test_cli_launch_plan_random(command: list[str], train: bool) -> None:
+    """launch --plan of any command, or of nodescale train with hostile flags: a plan or exit 2, no traceback."""
+    head = ["nodescale", "train", "--max-steps", "3"] if train else []
+    argv = ["launch", "--cluster", "derecho", "--account", "P0", "--plan", "--dry-run", "--", *head, *command]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        code, _, stderr = run_main(argv)
+        check_outcome(argv, code, stderr)
 
 
 def test_launch_option_given_double_dash() -> None:

@@ -110,6 +110,16 @@ def test_views_share_a_storage_key_and_parameters_are_not_activations() -> None:
     assert saved.total == 2 * 3 * 4  # the input only, not the weight it saves too (for the input's gradient)
 
 
+def test_storages_are_told_apart_where_storage_weak_ref_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.multiprocessing.reductions as reductions
+
+    base, other = torch.zeros(4, 4), torch.zeros(4, 4)
+    with_weak_ref = (storage_key(base), storage_key(base[1:]), storage_key(other))
+    monkeypatch.delattr(reductions, "StorageWeakRef")  # as on a torch without it: the storage's own handle
+    assert storage_key(base[2:]) == storage_key(base) != storage_key(other)
+    assert (storage_key(base), storage_key(base[1:]), storage_key(other)) == with_weak_ref
+
+
 def test_the_meta_device_serves_where_fake_tensor_mode_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = load_config(None, {"model.name": "vit_tiny", "model.patch_size": 4, "train.batch_size": 4})
     spec = InputSpec((1, 8, 8), 10)
@@ -253,6 +263,7 @@ def build():
     ([*BASE[1:], "--sample-shape", "3x224"], "comma-separated"),
     ([*BASE[1:], "--comm", "/nonexistent/results.json"], "bench comm"),
     ([*BASE[1:], "--strategy", "single"], "--strategy ddp"),
+    ([*BASE[1:], "--strategy", "fsdp", "--sharding", "none"], "--strategy ddp for a replicated model"),
 ])
 def test_bad_input_exits_2_with_a_hint(args: list[str], said: str) -> None:
     code, _, err = run_main(["plan", *args])

@@ -108,6 +108,9 @@ def test_one_run_reports_into_its_own_directory(runs: Path) -> None:
     assert build_report([run_dir]) == run_dir / "report.md"  # in-process: the CLI is tested above
     text = (run_dir / "report.md").read_text()
     assert "## Run `ws-2`" in text and "Comparison" not in text
+    # The plan beside it: the state bytes the plan gives its config equal the measured; no CPU peak, no step time.
+    assert "### Plan against measured: `ws-2`" in text
+    assert _row(text, "state per rank (MB)")[2] == "1.00" and _row(text, "step time (ms)")[0] == "n/a"
     assert all((run_dir / name).is_file() for name in _images(run_dir / "report.md"))
 
 

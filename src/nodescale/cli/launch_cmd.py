@@ -40,6 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                         help="environment variable for the job (repeatable; checked for NCCL/FI typos)")
     parser.add_argument("--dry-run", action="store_true", help="print the script and the submit command only")
+    parser.add_argument("--plan", action="store_true", help="first print `nodescale plan` of the nodescale train "
+                        "command on these nodes, and warn when --time is shorter than it estimates")
     parser.add_argument("--stop-warning", metavar="SECONDS", default=None,
                         help="Slurm/PBS: signal the ranks this long before the wall time, so they checkpoint and "
                              "the job is requeued (default 120)")
@@ -201,6 +203,10 @@ def run(args: argparse.Namespace) -> int:
     # Inside an allocation this shell holds (salloc, qsub -I), a step there rather than a new job.
     scheduler = (spec.scheduler in BATCH and step_scheduler(BATCH[spec.scheduler])) or SCHEDULERS[spec.scheduler]
     dryrun = scheduler.dryrun(spec, preset)
+    if args.plan:  # after the job is checked, before it is shown or submitted
+        from nodescale.cli.plan_cmd import plan_launch
+
+        plan_launch(spec, preset)
     if args.dry_run:
         print(dryrun.show(), end="")
         return 0

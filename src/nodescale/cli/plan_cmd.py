@@ -1,7 +1,7 @@
 """``nodescale plan``: which strategy fits, on how many nodes, how long it takes, what to ask for.
 
 It takes ``train``'s flags (the same parser) and the cluster's; ``launch --plan`` calls
-:func:`plan_train_command` with the training command it is about to submit.
+:func:`plan_launch` with the job it is about to submit.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from nodescale.cli.run_flags import add_run_flags, resolve_config
 from nodescale.errors import UserError
@@ -45,6 +46,9 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
                         help="peak dense TFLOP/s of one GPU in the run's precision (default: bench/peaks.yaml)")
     parser.add_argument("--efficiency", metavar="FRACTION",
                         help="fraction of peak FLOP/s training reaches (default: 0.4)")
+    parser.add_argument("--calibrate", metavar="RUN",
+                        help="fit the efficiency to a finished run of the same model on the same GPU: its directory "
+                        "or summary.json (its measured step time, less the communication the plan prices)")
 
 
 def settings_from(args: argparse.Namespace, all_strategies: bool) -> object:
@@ -59,6 +63,9 @@ def settings_from(args: argparse.Namespace, all_strategies: bool) -> object:
             deadline = float(walltime_seconds(str(args.deadline)))
         except ValueError as exc:
             raise UserError(f"--deadline {args.deadline}", str(exc), "e.g. --deadline 12:00:00 or 2-00:00:00") from None
+    if args.calibrate is not None and args.efficiency is not None:
+        raise UserError(f"--efficiency {args.efficiency} with --calibrate",
+                        "the calibration fits the efficiency", "give one of them")
     efficiency = _number("--efficiency", args.efficiency, float, DEFAULT_EFFICIENCY)
     if not 0 < efficiency <= 1:
         raise UserError(f"--efficiency {args.efficiency}", "must be above 0 and at most 1", "e.g. --efficiency 0.4")
@@ -71,6 +78,7 @@ def settings_from(args: argparse.Namespace, all_strategies: bool) -> object:
         comm=Path(args.comm) if args.comm is not None else None,
         gpu_memory_gb=_number("--gpu-memory", args.gpu_memory, float),
         peak_tflops=_number("--peak-tflops", args.peak_tflops, float), efficiency=efficiency,
+        calibrate=Path(args.calibrate) if args.calibrate is not None else None,
     )
 
 
@@ -114,11 +122,51 @@ def show(plan: object, as_json: bool = False) -> None:
         console.print(line)
 
 
-def plan_train_command(train_argv: Sequence[str], settings: object) -> object:
-    """The plan of ``nodescale train TRAIN_ARGV`` under ``settings`` (a ``PlanSettings``): for ``launch --plan``."""
-    from nodescale.plan.make import make_plan
+def plan_launch(spec: Any, preset: Any) -> None:
+    """``launch --plan``: print the plan of the job's ``nodescale train`` on its nodes, ranks and preset, and warn
+    when its ``--time`` is shorter than the ``--time`` the plan asks for its strategy."""
+    import warnings
 
+    from nodescale.launch.spec import walltime_seconds
+    from nodescale.plan.calibrate import run_option
+    from nodescale.plan.estimate import format_walltime
+    from nodescale.plan.make import PlanSettings, make_plan
+
+    command = list(spec.command)
+    train = train_argv(command)
+    if train is None:
+        raise UserError(f"--plan with {' '.join(command[:3])!r}", "plans a `nodescale train` command only: the "
+                        "cost of another program is not known", "put `nodescale train ...` after --, or drop --plan "
+                        "(for your own script, `nodescale plan --model FILE.py:FUNCTION` prices its model)")
+    cfg = resolve_config(_train_parser().parse_args(train))
+    settings = PlanSettings(cluster=preset.name if preset is not None else None, nodes=spec.nodes,
+                            gpus_per_node=spec.nproc_per_node, all_strategies=False)
+    try:
+        plan = make_plan(cfg, settings)
+    except UserError as exc:
+        if "--gpu-memory" not in (exc.hint or ""):
+            raise
+        raise UserError(exc.what, exc.rule, "run `nodescale plan` with the same train flags and --gpu-memory, "
+                        "--peak-tflops; or give the preset gpu_model and gpu_memory_gb") from None
+    show(plan)
+    own = next((row for row in plan.rows if row.option == run_option(cfg)), None)  # type: ignore[attr-defined]
+    if own is not None and walltime_seconds(spec.time) < own.ask_s:
+        warnings.warn(f"--time {spec.time} is shorter than the {format_walltime(own.ask_s)} the plan asks for "
+                      f"{own.option.name} (training {format_walltime(own.train_s)} plus start-up, checkpoints and "
+                      "10%): the job may end before training does", stacklevel=2)
+
+
+def train_argv(command: Sequence[str]) -> list[str] | None:
+    """The flags of a ``nodescale train`` (or ``python -m nodescale train``) command; None for any other."""
+    words = list(command)
+    if words[:1] and Path(words[0]).name.startswith("python") and words[1:3] == ["-m", "nodescale"]:
+        words = ["nodescale", *words[3:]]
+    if words[:2] == ["nodescale", "train"]:
+        return words[2:]
+    return None
+
+
+def _train_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nodescale train", add_help=False)
     add_run_flags(parser)
-    args = parser.parse_args(list(train_argv))
-    return make_plan(resolve_config(args), settings)  # type: ignore[arg-type]
+    return parser

@@ -2,8 +2,10 @@
 
 Everything private that the plan touches is here: ``FakeTensorMode`` (tensors with shapes,
 dtypes and devices but no storage; the meta device where it is missing) and ``StorageWeakRef``
-(a storage's identity, so views and tied weights are counted once). ``tests/test_plan_model.py``
-pins what the plan relies on, on whichever torch runs it.
+(a storage's identity, so views and tied weights are counted once). ``tests/test_plan.py`` pins
+what the plan relies on, and each fallback, on whichever torch runs it. The plan uses nothing of
+``torch.distributed._tools``: the saved-tensor hooks below give the per-block activation bytes it
+needs on every torch, and ``RuntimeEstimator`` asserts CUDA.
 """
 
 from __future__ import annotations

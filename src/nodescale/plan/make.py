@@ -7,16 +7,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodescale.errors import UserError
+from nodescale.plan.calibrate import (
+    Calibration,
+    calibrate,
+    check_same_model,
+    persistence_threshold,
+    read_run,
+    run_layout,
+    run_state,
+)
 from nodescale.plan.estimate import PlanRow, Workload, nodes_for_deadline, plan_rows, recommend
 from nodescale.plan.hardware import Hardware, resolve_hardware
 from nodescale.plan.inputs import dataset_facts, sample_spec
 from nodescale.plan.model_facts import ModelFacts, measure_model
 from nodescale.plan.options import StrategyOption, options_for_strategy
-from nodescale.plan.state_bytes import PERSISTENCE_THRESHOLD, Optimiser, StateBytes, state_bytes
+from nodescale.plan.state_bytes import Optimiser, StateBytes
 from nodescale.plan.step_time import Layout
 
 if TYPE_CHECKING:
     from nodescale.config.schema import RunConfig
+    from nodescale.models.spec import InputSpec
 
 DEFAULT_EFFICIENCY = 0.40  # of peak FLOP/s that training reaches: a well-tuned run reaches 40-60%
 
@@ -37,6 +47,7 @@ class PlanSettings:
     gpu_memory_gb: float | None = None
     peak_tflops: float | None = None
     efficiency: float = DEFAULT_EFFICIENCY
+    calibrate: Path | None = None  # a run whose measured step time fixes the efficiency
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,7 @@ class Plan:
     recommended: PlanRow | None
     notes: list[str] = field(default_factory=list)
     model: str = ""
+    calibration: Calibration | None = None
 
 
 def make_plan(cfg: RunConfig, settings: PlanSettings) -> Plan:
@@ -66,8 +78,10 @@ def make_plan(cfg: RunConfig, settings: PlanSettings) -> Plan:
         found_spec, found_samples = dataset_facts(cfg)
         spec, samples = spec or found_spec, samples or found_samples
     facts = measure_model(cfg, spec)
+    calibration = _calibrated(settings.calibrate, cfg, spec, hardware, per_node)
+    efficiency = calibration.efficiency if calibration else settings.efficiency
     work = Workload(samples, cfg.train.epochs, cfg.train.max_steps, cfg.train.grad_accum, cfg.train.precision,
-                    Optimiser.named(cfg.optim.name, cfg.optim.momentum), settings.efficiency, cfg.checkpoint.every,
+                    Optimiser.named(cfg.optim.name, cfg.optim.momentum), efficiency, cfg.checkpoint.every,
                     persistence_threshold(cfg))
     options = _options(cfg, settings)
     notes = []
@@ -81,34 +95,23 @@ def make_plan(cfg: RunConfig, settings: PlanSettings) -> Plan:
     best = recommend(rows)
     if settings.deadline_s is not None and best is not None and best.ask_s > settings.deadline_s:
         notes.append(f"on {nodes} node(s) the deadline is not met; leave --nodes out to find the node count that does")
-    return Plan(facts, hardware, work, layout, rows, best, notes, cfg.model.name)
+    return Plan(facts, hardware, work, layout, rows, best, notes, cfg.model.name, calibration)
+
+
+def _calibrated(given: Path | None, cfg: RunConfig, spec: InputSpec, hardware: Hardware,
+                per_node: int) -> Calibration | None:
+    """The efficiency fitted to the run ``given`` (None: none given), its model measured at the run's batch."""
+    if given is None:
+        return None
+    run = read_run(given)
+    check_same_model(run, cfg)
+    return calibrate(run, measure_model(run.cfg, spec), hardware, per_node)
 
 
 def planned_state(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None) -> StateBytes:
     """The state bytes per rank the plan gives ``cfg``'s own strategy (what its run reports in summary.json)."""
     spec, _ = dataset_facts(cfg)
-    facts = measure_model(cfg, spec)
-    strategy = cfg.strategy
-    if strategy.name == "deepspeed":
-        option = StrategyOption("zero", str(strategy.zero_stage if strategy.zero_stage is not None else 2))
-    elif strategy.name == "fsdp":
-        option = StrategyOption("fsdp", strategy.sharding)
-    else:
-        option = StrategyOption("ddp")
-    return state_bytes(option, facts.shapes, world_size, ranks_per_node or world_size,
-                       Optimiser.named(cfg.optim.name, cfg.optim.momentum), cfg.train.precision,
-                       persistence_threshold(cfg))
-
-
-def persistence_threshold(cfg: RunConfig) -> int:
-    """ZeRO-3's persistence threshold: the run's DeepSpeed config file's, else DeepSpeed's default."""
-    path = getattr(cfg.strategy, "deepspeed_config", None)
-    if path is None:
-        return PERSISTENCE_THRESHOLD
-    from nodescale.strategies.deepspeed_config import read_user_config
-
-    zero = read_user_config(path).get("zero_optimization") or {}
-    return int(zero.get("stage3_param_persistence_threshold", PERSISTENCE_THRESHOLD))
+    return run_state(cfg, measure_model(cfg, spec), run_layout(world_size, ranks_per_node))
 
 
 def _preset(name: str | None) -> Any:
@@ -124,4 +127,8 @@ def _options(cfg: RunConfig, settings: PlanSettings) -> list[StrategyOption]:
     if section is not None and cfg.strategy.name in ("single", "dp"):
         raise UserError(f"--strategy {cfg.strategy.name}", "plans are for one process per GPU across nodes",
                         "use --strategy ddp, fsdp, deepspeed, or auto (every option)")
-    return options_for_strategy(section)
+    options = options_for_strategy(section)
+    if not options:  # FSDP's sharding none replicates everything: what DDP holds and moves
+        raise UserError(f"--sharding {getattr(cfg.strategy, 'sharding', '')}", "is not priced by the plan",
+                        "use --strategy ddp for a replicated model, or --sharding full, grad-op or hybrid")
+    return options

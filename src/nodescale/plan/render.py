@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from rich.table import Table
@@ -64,6 +65,10 @@ def summary_lines(plan: Plan) -> list[str]:
         f"bandwidth: {', '.join(f'{op} {gbps:g} GB/s' for op, gbps in hw.bus_gbps.items()) or 'none'} "
         f"({hw.sources['bandwidth']})",
     ]
+    if (fit := plan.calibration) is not None:
+        ranks = f"{fit.world_size} rank{'s' if fit.world_size > 1 else ''}"
+        lines.append(f"efficiency {fit.efficiency:.1%} fitted to {fit.run}: its step {fit.measured_step_s * 1e3:,.1f} "
+                     f"ms on {ranks}, of which the plan prices {fit.comm_s * 1e3:,.1f} ms as communication and copies")
     lines += [f"note: {note}" for note in plan.notes]
     best = plan.recommended
     if best is None:
@@ -95,6 +100,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "rows": [_row_json(row) for row in plan.rows],
         "recommended": plan.recommended.option.name if plan.recommended else None,
         "notes": plan.notes,
+        "calibration": asdict(plan.calibration) if plan.calibration else None,
     }
 
 

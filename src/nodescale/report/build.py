@@ -12,6 +12,7 @@ from nodescale import __version__
 from nodescale.atomic_files import write_text_atomic
 from nodescale.report.comm_section import comm_section
 from nodescale.report.compare_section import compare_section
+from nodescale.report.plan_section import plan_section
 from nodescale.report.run_section import run_section
 from nodescale.report.scaling_section import scaling_section
 from nodescale.report.sources import CommSource, RunSource, ScalingSource, Source, SweepSource, load_source
@@ -79,7 +80,7 @@ def build_report(dirs: Sequence[Path], out: Path | None = None) -> Path:
     for source in sources:
         stem = file_stem(source.label, taken)
         if isinstance(source, RunSource):
-            parts.append(run_section(source, report_dir, stem))
+            parts += [run_section(source, report_dir, stem), plan_section(source)]
         elif isinstance(source, ScalingSource):
             parts.append(scaling_section(source, report_dir, stem))
         elif isinstance(source, CommSource):
