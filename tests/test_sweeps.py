@@ -145,6 +145,7 @@ TRAIN = ["--", "nodescale", "train", "--max-steps", "2"]
     (["--sweep", "a.b=1,2", "--sweep", "a_b=3", "--", "true"], "given twice"),
     (["--scheduler", "pbs", "--sweep", "a=1", "--", "true"], "-J needs at least 2"),
     (["--sweep", "batch-size=32,64", "--", "nodescale", "train", "--batch", "16"], "would override"),
+    (["--plan", "--sweep", "optim.lr=0.1,0.2", *TRAIN], "a sweep runs several"),
 ])
 def test_bad_sweeps_exit_2_with_a_hint(argv: list[str], says: str, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:

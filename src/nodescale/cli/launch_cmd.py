@@ -198,6 +198,9 @@ def run(args: argparse.Namespace) -> int:
     from nodescale.launch.schedulers.table import BATCH, SCHEDULERS
 
     if launch_sweep.wanted(args):
+        if args.plan:
+            raise UserError("--plan with --sweep", "plans one training command, and a sweep runs several",
+                            "plan one member: nodescale plan --cluster C --nodes N ... with its train flags")
         return launch_sweep.run(args)
     spec, preset = build_spec(args)
     # Inside an allocation this shell holds (salloc, qsub -I), a step there rather than a new job.
