@@ -25,8 +25,9 @@ from nodescale.bench import peaks, scaling_math
 from nodescale.bench.scaling_math import Measurement, Mode
 from nodescale.errors import UserError
 
-# The run directory of world size N is OUT/ws-N (the runner in nodescale.bench.scaling names them so).
-RUN_PREFIX = "ws-"
+# The run directory of world size N is OUT/ws-N (the runner in nodescale.bench.scaling names them so); a study
+# across node counts (nodescale.bench.scaling_study) names its runs OUT/nodes-N.
+RUN_PREFIX, NODES_PREFIX = "ws-", "nodes-"
 CSV_COLUMNS = (
     "world_size", "devices", "batch_size_per_process", "global_batch_size", "samples_per_second",
     "samples_per_second_per_device", "tokens_per_second", "speedup", "ideal_speedup", "efficiency", "step_ms",
@@ -55,9 +56,9 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def find_runs(out: Path) -> dict[int, Path]:
-    """The finished runs in ``out`` (``ws-*/summary.json``), by the world size their summary states."""
+    """The finished runs in ``out`` (``ws-*/summary.json``, ``nodes-*/...``), by the world size their summary states."""
     runs: dict[int, Path] = {}
-    for run_dir in sorted(out.glob(f"{RUN_PREFIX}*")):
+    for run_dir in sorted(path for prefix in (RUN_PREFIX, NODES_PREFIX) for path in out.glob(f"{prefix}*")):
         if not (run_dir / "summary.json").is_file():
             continue
         world_size = int(read_summary(run_dir)["world_size"])
