@@ -279,10 +279,12 @@ def display_table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         return unknown if value is None else format(value, spec)
 
     tokens = any(row.get("tokens_per_second") is not None for row in result["rows"])
+    nodes = any("nodes" in row for row in result["rows"])  # a study across node counts
     shown = []
     for row in result["rows"]:
         mark = " *" if row.get("oversubscribed") else ""  # * = more processes than GPUs/cores
         shown.append([
+            *([str(row.get("nodes"))] if nodes else []),
             f"{row['world_size']}{mark}",
             str(row.get("batch_size_per_process")),
             str(row.get("global_batch_size")),
@@ -295,4 +297,5 @@ def display_table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             number(row.get("achieved_tflops"), ".3g", "unknown"),
             number(None if row.get("mfu") is None else row["mfu"] * 100, ".2f", "unknown"),
         ])
-    return [header for header in TABLE_HEADERS if tokens or header != "tokens/s"], shown
+    headers = [header for header in TABLE_HEADERS if tokens or header != "tokens/s"]
+    return (["nodes"] if nodes else []) + headers, shown
