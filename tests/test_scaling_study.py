@@ -6,17 +6,21 @@ study is in tests/test_scaling_study_slurm.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import golden_files
 from nodescale.bench import scaling_study
 from nodescale.errors import UserError
 from scheduler_fixtures import search_path
-from test_hostile_input import run_main
+from test_hostile_input import arg_text, bash_n, check_outcome, few, run_main
 
 GOLDEN = golden_files.GOLDEN_ROOT / "scaling_study"
 TRAIN = ["--max-steps", "4", "--warmup-steps", "1", "--batch-size", "8", "--model", "toy", "--dataset",
@@ -96,3 +100,26 @@ def test_dry_run_shows_the_jobs_and_the_first_script(tmp_path: Path, monkeypatch
     assert out.count("#SBATCH --nodes=") == 1 and "#SBATCH --nodes=1" in out
     assert f"--no-progress --out {tmp_path / 'study' / 'nodes-1'}" in out and "--nproc " not in out
     assert not list(tmp_path.iterdir())
+
+
+study_flags = st.lists(
+    st.tuples(st.sampled_from(["--nodes", "--cluster", "--scheduler", "--account", "--time", "--queue",
+                               "--gpus-per-node", "--job-dir", "--out", "--batch-size"]),
+              st.one_of(st.sampled_from(["1,2", "1,2,4", "0", "2,2", "-1", "1,,2", "slurm", "pbs", "local",
+                                         "generic-slurm", "00:10:00", "99:99:99", "0", "16"]), arg_text))
+    .filter(lambda t: t[1] != "--").map(lambda t: f"{t[0]}={t[1]}"), max_size=5)
+
+
+@few(40)
+@given(flags=study_flags, sequential=st.booleans())
+def test_cli_study_dry_run_random(flags: list[str], sequential: bool) -> None:
+    """Any value of the study's flags: exit 0 or 2 with a reason, nothing written, a script bash can read."""
+    argv = ["bench", "scaling", "--out=study", *flags, *(["--sequential"] if sequential else []), "--dry-run",
+            "--max-steps=2", "--warmup-steps=1", "--batch-size=8"]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        code, stdout, stderr = run_main(argv)
+        check_outcome(argv, code, stderr)
+        assert not list(Path(tmp).iterdir()), "a dry run wrote files"
+        _, _, script = stdout.partition("\n#!/bin/bash\n")
+        if code == 0 and script:
+            bash_n("#!/bin/bash\n" + script, Path(tmp))
