@@ -150,8 +150,8 @@ def _collect(args: argparse.Namespace) -> int:
 
     out = Path(args.collect) if isinstance(args.collect, str) else args.out
     if out is None or not out.is_dir():
-        raise UserError(f"--collect {out}", "is not a directory", "pass the directory holding the runs: "
-                        "--collect DIR (a study) or --collect --out DIR")
+        raise UserError(f"--collect {out or '(no directory)'}", "is not a directory",
+                        "pass the directory holding the runs: --collect DIR (a study) or --collect --out DIR")
     if is_study(out):
         result = collect_study(out, args.peak_dtype, args.mode)
         for job in result["study"]["jobs"]:
