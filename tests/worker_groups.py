@@ -21,7 +21,7 @@ SHARED_FIXTURES = {
     "test_tutorial.py": "slurm_cluster", "test_preemption.py": "slurm_cluster",
     "test_launch_frameworks.py": "slurm_cluster", "test_rank_logs.py": "slurm_cluster",
     "test_job_restarts.py": "slurm_cluster", "test_sweep_view.py": "slurm_cluster",
-    "test_sweep_slurm.py": "slurm_cluster",
+    "test_sweep_slurm.py": "slurm_cluster", "test_scaling_study_slurm.py": "slurm_cluster",
 }
 # Seconds each group took on 2 cores (for the order only: a stale figure costs a few seconds, not a failure).
 # Groups not listed are quick and go after these.

@@ -53,18 +53,20 @@ class ScalingPlan:
         """Where the run at ``world_size`` writes (``OUT/ws-N``)."""
         return self.out / f"{RUN_PREFIX}{world_size}"
 
-    def train_argv(self, world_size: int) -> list[str]:
-        """The ``nodescale`` arguments that train at ``world_size``."""
+    def train_argv(self, world_size: int, job_out: Path | None = None) -> list[str]:
+        """The ``nodescale`` arguments that train at ``world_size``; with ``job_out``, those of a cluster job
+        writing there, whose launcher starts the processes (no ``--nproc``)."""
         batch = scaling_math.per_process_batch(self.batch_size, world_size, self.mode)
+        nproc = [] if job_out else ["--nproc", str(world_size)]
         return [
             "train", *self.train_args,
-            "--nproc", str(world_size), "--batch-size", str(batch), "--max-steps", str(self.max_steps),
+            *nproc, "--batch-size", str(batch), "--max-steps", str(self.max_steps),
             "--set", f"train.timing_warmup_steps={self.warmup_steps}",
             # --max-steps, not the epoch count, must end every run, whatever the dataset's size.
             "--epochs", "1000000",
             # The final checkpoint is not timed but costs wall time and disk; a benchmark needs none.
             "--set", "checkpoint.at_end=false",
-            "--no-progress", "--out", str(self.run_dir(world_size)),
+            "--no-progress", "--out", str(job_out or self.run_dir(world_size)),
         ]
 
 

@@ -25,8 +25,9 @@ from nodescale.bench import peaks, scaling_math
 from nodescale.bench.scaling_math import Measurement, Mode
 from nodescale.errors import UserError
 
-# The run directory of world size N is OUT/ws-N (the runner in nodescale.bench.scaling names them so).
-RUN_PREFIX = "ws-"
+# The run directory of world size N is OUT/ws-N (the runner in nodescale.bench.scaling names them so); a study
+# across node counts (nodescale.bench.scaling_study) names its runs OUT/nodes-N.
+RUN_PREFIX, NODES_PREFIX = "ws-", "nodes-"
 CSV_COLUMNS = (
     "world_size", "devices", "batch_size_per_process", "global_batch_size", "samples_per_second",
     "samples_per_second_per_device", "tokens_per_second", "speedup", "ideal_speedup", "efficiency", "step_ms",
@@ -55,9 +56,9 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def find_runs(out: Path) -> dict[int, Path]:
-    """The finished runs in ``out`` (``ws-*/summary.json``), by the world size their summary states."""
+    """The finished runs in ``out`` (``ws-*/summary.json``, ``nodes-*/...``), by the world size their summary states."""
     runs: dict[int, Path] = {}
-    for run_dir in sorted(out.glob(f"{RUN_PREFIX}*")):
+    for run_dir in sorted(path for prefix in (RUN_PREFIX, NODES_PREFIX) for path in out.glob(f"{prefix}*")):
         if not (run_dir / "summary.json").is_file():
             continue
         world_size = int(read_summary(run_dir)["world_size"])
@@ -278,10 +279,12 @@ def display_table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         return unknown if value is None else format(value, spec)
 
     tokens = any(row.get("tokens_per_second") is not None for row in result["rows"])
+    nodes = any("nodes" in row for row in result["rows"])  # a study across node counts
     shown = []
     for row in result["rows"]:
         mark = " *" if row.get("oversubscribed") else ""  # * = more processes than GPUs/cores
         shown.append([
+            *([str(row.get("nodes"))] if nodes else []),
             f"{row['world_size']}{mark}",
             str(row.get("batch_size_per_process")),
             str(row.get("global_batch_size")),
@@ -294,4 +297,5 @@ def display_table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             number(row.get("achieved_tflops"), ".3g", "unknown"),
             number(None if row.get("mfu") is None else row["mfu"] * 100, ".2f", "unknown"),
         ])
-    return [header for header in TABLE_HEADERS if tokens or header != "tokens/s"], shown
+    headers = [header for header in TABLE_HEADERS if tokens or header != "tokens/s"]
+    return (["nodes"] if nodes else []) + headers, shown

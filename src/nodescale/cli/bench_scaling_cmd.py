@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nodescale.bench import peaks, scaling_math
+from nodescale.cli import bench_scaling_study
 from nodescale.errors import UserError
 
 
@@ -22,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "relative to the smallest world size. Writes OUT/ws-N/ (each run), OUT/scaling.json, OUT/scaling.csv and "
         "OUT/scaling.png. Flags after -- go to every `nodescale train`.",
     )
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the runs and results")
+    parser.add_argument("--out", type=Path, metavar="DIR", help="directory for the runs and results (required)")
     parser.add_argument("--world-sizes", metavar="LIST",
                         help="comma-separated process counts, e.g. 1,2,4 (default: 1, 2, 4, ... up to the GPUs "
                         "of this machine, or its CPU cores, and at least 1,2)")
@@ -42,13 +43,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--peak-dtype", choices=peaks.PEAK_DTYPE_CHOICES, default="auto",
                         help="which peak MFU is measured against (default auto: bf16/fp16 runs their own, fp32 "
                         "runs TF32 where the device has it)")
-    parser.add_argument("--collect", action="store_true",
-                        help="train nothing: build the results from the runs already in OUT/ws-N (e.g. one "
-                        "cluster job per world size)")
+    parser.add_argument("--collect", nargs="?", const=True, default=False, metavar="DIR",
+                        help="train nothing: build the results from the runs already in DIR (default --out): "
+                        "DIR/ws-N, or the finished sizes of a study across node counts")
     parser.add_argument("--dry-run", action="store_true", help="print the nodescale train command of each "
                         "world size and stop")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN_FLAGS",
                         help="more `nodescale train` flags for every run, e.g. -- --precision bf16")
+    bench_scaling_study.add_flags(parser)
     parser.set_defaults(handler=run)
 
 
@@ -56,12 +58,17 @@ def run(args: argparse.Namespace) -> int:
     _refuse_launcher()
     if args.collect:
         return _collect(args)
+    if args.out is None:
+        raise UserError("bench scaling without --out", "needs a directory for the runs and results",
+                        "e.g. --out scale")
     from nodescale.bench.scaling import ScalingPlan, TrainingFailed, default_world_sizes, local_capacity, run_all
 
-    sizes = scaling_math.parse_world_sizes(args.world_sizes) if args.world_sizes else default_world_sizes()
-    mode = args.mode or "strong"
     extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     passed = [*_pair("--model", args.model), *_pair("--dataset", args.dataset), *_pair("--strategy", args.strategy)]
+    if bench_scaling_study.wanted(args):
+        return bench_scaling_study.run(args, (*passed, *extra), lambda plan: _check_plan(plan, extra))
+    sizes = scaling_math.parse_world_sizes(args.world_sizes) if args.world_sizes else default_world_sizes()
+    mode = args.mode or "strong"
     plan = ScalingPlan(args.out, tuple(sizes), mode, args.batch_size, args.max_steps, args.warmup_steps,
                        (*passed, *extra))
     _check_plan(plan, extra)
@@ -139,13 +146,25 @@ def _check_out(plan: Any) -> None:
 
 def _collect(args: argparse.Namespace) -> int:
     from nodescale.bench.scaling_results import collect, write_outputs
+    from nodescale.bench.scaling_study import collect_study, is_study
 
+    out = Path(args.collect) if isinstance(args.collect, str) else args.out
+    if out is None or not out.is_dir():
+        raise UserError(f"--collect {out or '(no directory)'}", "is not a directory",
+                        "pass the directory holding the runs: --collect DIR (a study) or --collect --out DIR")
+    if is_study(out):
+        result = collect_study(out, args.peak_dtype, args.mode)
+        for job in result["study"]["jobs"]:
+            print(f"  {job['nodes']} node(s), job {job['job_id']}: {job['state']}")
+        if not result["rows"]:
+            print(f"no size has finished yet in {out}")
+            return 0
+        _print_result(result, out)
+        return 0
     sizes = scaling_math.parse_world_sizes(args.world_sizes) if args.world_sizes else None
-    if not args.out.is_dir():
-        raise UserError(f"--out {str(args.out)!r}", "is not a directory", "pass the directory holding ws-N runs")
-    result = collect(args.out, args.mode, args.peak_dtype, None, sizes)
-    write_outputs(args.out, result)
-    _print_result(result, args.out)
+    result = collect(out, args.mode, args.peak_dtype, None, sizes)
+    write_outputs(out, result)
+    _print_result(result, out)
     return 0
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nodescale.bench import scaling_study
 from nodescale.errors import UserError
 from nodescale.launch import sweep_manifest, sweep_state
 from nodescale.launch.sweep_manifest import Sweep
@@ -91,6 +92,8 @@ def load_source(path: Path) -> Source:
         raise UserError(f"{str(path)!r}", "is not a directory", f"pass {EXPECTED}")
     if sweep_manifest.is_sweep(path):
         return _sweep(path)
+    if scaling_study.is_study(path):  # the sizes finished so far, collected again
+        return ScalingSource(path, scaling_study.collect_study(path))
     if (path / "scaling.json").is_file():
         result = _read_json(path / "scaling.json")
         if not isinstance(result, dict) or not isinstance(result.get("rows"), list):

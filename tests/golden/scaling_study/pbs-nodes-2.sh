@@ -1,0 +1,87 @@
+#!/bin/bash
+# Job script written by `nodescale launch` for preset generic-pbs: 2 node(s) x 2 process(es), mode torchrun.
+# Directives come first: the scheduler reads them only up to the first command.
+#PBS -N scaling-2n
+#PBS -l select=2:ncpus=16:ngpus=2:mpiprocs=1
+#PBS -l place=scatter
+#PBS -l walltime=00:20:00
+#PBS -A proj
+#PBS -j oe
+#PBS -o /home/user/project/jobs/
+#PBS -W depend=afterany:4242.pbsserver
+
+set -euo pipefail
+
+# PBS starts the job in the home directory, not where qsub ran: go to the job's directory
+# (an absolute path, so nothing depends on $PBS_O_WORKDIR).
+cd /home/user/project
+
+# Launcher variables the submitting shell passed on (sbatch, qsub -V) would give every process a wrong rank.
+unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE TORCHELASTIC_RUN_ID MASTER_ADDR MASTER_PORT
+
+# PBS copies the job's output to the job directory only at its end: a copy as it is written, for
+# `nodescale logs` (and --follow) and for the failure summary at the end.
+ranks_log=/home/user/project/jobs/pbs-"${PBS_JOBID%%.*}".log
+exec > >(tee -a "$ranks_log") 2>&1
+
+# Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
+# the port derives from the job id: the same on every node, another for each job.
+# $PBS_NODEFILE lists the hosts, the first first; resolved here: the login node may resolve names otherwise.
+head_node=$(head -n 1 "$PBS_NODEFILE")
+head_addr=$head_node
+MASTER_ADDR=$(python3 -c 'import socket, sys; print(socket.getaddrinfo(sys.argv[1], None, socket.AF_INET)[0][4][0])' "$head_addr" 2>/dev/null) || MASTER_ADDR=$head_addr
+MASTER_PORT=$(python3 -c 'import re, sys, zlib; j = sys.argv[1].strip(); m = re.match(r"(\d+)(?:\[(\d*)\])?", j); print(29500 if not j else 15000 + (int(m[1]) + int(m[2] or 0) if m else zlib.crc32(j.encode())) % 15000)' "$PBS_JOBID")
+export MASTER_ADDR MASTER_PORT
+echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
+
+# Preemption and wall time: PBS warns no one, so the script sends itself USR1 120 s before the end (`qsig -s USR1 JOBID`
+# at any time); mpiexec passes it on, the ranks checkpoint and exit, qrerun reruns the job (--resume).
+# Rank 0 writes NODESCALE_REQUEUE_FILE when the ranks stopped for requeue (torchrun hides their exit code).
+export NODESCALE_REQUEUE_FILE=/home/user/project/jobs/requeue-"$PBS_JOBID"
+rm -f "$NODESCALE_REQUEUE_FILE"
+( sleep 1080 && kill -USR1 $$ ) >/dev/null 2>&1 &
+timer_pid=$!
+
+# In the background, so the trap runs when the signal comes; wait again until the launch has ended.
+step_pid=
+trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$step_pid" 2>/dev/null || true' USR1
+# torchrun mode: one torchrun per node, each starting 2 processes.
+# CPU binding off unless the preset sets one: a launcher bound to one core shares it with its processes.
+# The command reaches the script below as its arguments ("$@"), never re-quoted.
+mpiexec -n 2 -ppn 1 -bind-to none -prepend-rank \
+    bash -c '
+        export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
+        # On every node. The first hosts the store (is_host=1); local_addr is this node as the others
+        # reach it (its route to MASTER_ADDR), where torchrun would guess from the host name (often loopback).
+        node_rank=${PALS_NODEID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}
+        if [ "$node_rank" = 0 ]; then is_host=1; else is_host=0; fi
+        local_addr=$(python3 -c "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)
+        exec 2>&1  # one stream per rank: its traceback stays in order with its other lines
+        export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank\${rank}]:"  # with --tee=3: each line its rank
+        # Each rank bound to the NUMA node of its GPU, where this torch and this node allow it (numa_binding.py).
+        numa_binding=$(python3 -m nodescale.launch.numa_binding 2>/dev/null) || numa_binding=
+        exec torchrun --nnodes=2 --nproc-per-node=2 \
+            --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$PBS_JOBID" \
+            --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --tee=3 $numa_binding --no-python "$@"
+    ' \
+    nodescale-node nodescale train --model toy --dataset regression --precision fp32 --batch-size 2 --max-steps 4 --set train.timing_warmup_steps=1 --epochs 1000000 --set checkpoint.at_end=false --no-progress --out /home/user/project/study/nodes-2 &
+step_pid=$!
+step_status=0
+while true; do
+    wait "$step_pid" && step_status=0 || step_status=$?
+    kill -0 "$step_pid" 2>/dev/null || break
+done
+kill "$timer_pid" 2>/dev/null || true
+
+# A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
+if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+    python3 -m nodescale.launch.first_failure "$PBS_JOBID" "$ranks_log" 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $PBS_JOBID\` shows each rank's lines"
+fi
+
+# Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
+if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
+    echo "nodescale: stopped for requeue (exit code $step_status): rerunning PBS job $PBS_JOBID"
+    qrerun "$PBS_JOBID"
+    exit 0
+fi
+exit "$step_status"
