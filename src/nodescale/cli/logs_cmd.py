@@ -88,8 +88,7 @@ def show_logs(args: argparse.Namespace) -> int:
     logs = find_logs(args.job)
     keep = rank_logs.line_filter(args.rank, args.grep)
     if args.failure:
-        raws = [raw for path in logs.paths for raw in rank_logs.read_lines(path)]
-        print("\n".join(first_failure.summary(rank_logs.parse(raws, logs.torchrun), logs.name)))
+        print("\n".join(first_failure.summary_of_logs(logs.paths, logs.name, logs.torchrun)))
         return 0
     if args.follow:
         torchrun = logs.torchrun
