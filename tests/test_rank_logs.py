@@ -195,6 +195,7 @@ def test_a_restarted_job_is_summarised_from_its_last_attempt(tmp_path: Path) -> 
     assert text[-1].startswith("nodescale: the job failed: rank 1 on node2 failed first, exit code 1"), text
     assert "first attempt" not in "\n".join(text)
     # PBS: the script's placement line names each task's host; it comes before any restart.
-    placed = ["nodescale: mpiexec places 2 task(s) on each host, in this order: h1 h2", "[3] Traceback (most recent call last):"]
+    placed = ["nodescale: mpiexec places 2 task(s) on each host, in this order: h1 h2",
+              "[3] Traceback (most recent call last):"]
     assert summary(parse(placed), "8.pbs", placed_hosts(placed))[-1].startswith(
         "nodescale: the job failed: rank 3 on h2 failed first;")
