@@ -39,7 +39,8 @@ _SRUN_CODE = re.compile(r"Exited with exit code (\d+)")
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*?)\s*$")
 # Lines the job scripts print (nodescale.launch.restarts, nodescale.launch.rank_labels).
 _RESTART = re.compile(r"^nodescale: restart \d+ of \d+")
-_PLACEMENT = re.compile(r"^nodescale: mpiexec places (\d+) task\(s\) on each host, in this order: (.*)$")
+_PLACEMENT = re.compile(r"^nodescale: (?:mpiexec|the local launcher) places (\d+) task\(s\) on each host, "
+                        r"in this order: (.*)$")
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\b\w*(Error|Exception): |^nodescale: .*error")
 
 
