@@ -100,20 +100,35 @@ def test_local_launch_restarts_the_processes(tmp_path: Path) -> None:
     assert user_error.returncode == 2 and "ATTEMPT 1" not in user_error.stdout, user_error
 
 
+# Each attempt fails differently: rank 0 raises on the first, rank 1 on the second.
+FAIL_EACH_TIME = ("import os; count = os.environ['NODESCALE_RESTART_COUNT']; rank = os.environ['RANK']; "
+                  "print(f'ATTEMPT {count} rank {rank}', flush=True); "
+                  "assert rank != count, f'attempt {count} broke on rank {rank}'")
+
+
 @pytest.mark.multiproc
 def test_pbs_loop_reruns_mpiexec_and_stops_on_a_user_error(tmp_path: Path, pbs_run) -> None:
-    for code, expected in ((1, 0), (2, 2)):
-        job = spec("pbs", "per-gpu", gpus_per_node=0, requeue=False, command=[sys.executable, "-c", FAIL_ONCE,
-                                                                               str(code)], workdir=tmp_path,
-                   job_dir=tmp_path / f"jobs-{code}")
+    """Also: the failure summary of a job that failed twice names the last attempt's rank, and its host."""
+    for code, expected in ((1, 0), (2, 2), ("each", 1)):
+        command = [sys.executable, "-c", FAIL_ONCE, str(code)] if code != "each" else [
+            sys.executable, "-c", FAIL_EACH_TIME]
+        job = spec("pbs", "per-gpu", gpus_per_node=0, requeue=False, command=command, workdir=tmp_path,
+                   job_dir=tmp_path / f"jobs-{code}", max_restarts=1 if code == "each" else 2)
         preset = load_preset("generic-pbs").model_copy(update={"mpiexec": "mpich"})
         script = tmp_path / f"job-{code}.pbs"
         script.write_text(render_pbs(job, preset))
-        result = pbs_run(script, 2, mpiexec="mpich", workdir=tmp_path)
+        job.job_dir.mkdir()  # as launch makes it: the script copies its output there
+        result = pbs_run(script, 2, mpiexec="mpich", workdir=tmp_path,  # the summary is this nodescale's
+                         env={name: os.environ[name] for name in ("PYTHONPATH",) if name in os.environ})
         assert result.returncode == expected, result.output
         assert result.output.count("ATTEMPT 0") == 2, result.output
         if code == 1:
             assert "restart 1 of 2 on the same hosts" in result.output and result.output.count("ATTEMPT 1") == 2
+        elif code == "each":
+            last = result.output.splitlines()
+            assert last[-1].startswith("nodescale: the job failed: rank 1 on 127.0.0.3 failed first;"), last
+            assert last[-2] == "nodescale: | AssertionError: attempt 1 broke on rank 1", last
+            assert "attempt 0 broke" not in "\n".join(last[-12:]), last
         else:
             assert "not restarted" in result.output and "ATTEMPT 1" not in result.output, result.output
 

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import run_cli
 from nodescale.errors import UserError
-from nodescale.launch.first_failure import first_failure, summary
+from nodescale.launch.first_failure import first_failure, placed_hosts, summary, summary_of_logs
 from nodescale.launch.rank_logs import Line, line_filter, parse, parse_line
 from scheduler_fixtures import SlurmCluster
 from test_launch_schedulers import isolated, launch_slurm, slurm, submitted  # noqa: F401 (fixtures)
@@ -182,3 +182,49 @@ def test_first_failure_module_runs_without_the_cli(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "nodescale.launch.first_failure", "9", str(tmp_path / "a.out"),
                           str(tmp_path / "missing.err")], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1].startswith("nodescale: the job failed: rank 1 on node2")
+
+
+def test_a_restarted_job_is_summarised_from_its_last_attempt(tmp_path: Path) -> None:
+    """Each log file from its last restart line on: the Slurm loop writes that line to the .err file too."""
+    out, err = tmp_path / "slurm-7.out", tmp_path / "slurm-7.err"
+    out.write_text("0: OSError: first attempt\nnodescale: restart 1 of 1: the ranks resume\n0: fine\n"
+                   "1: RuntimeError: second attempt\n")
+    err.write_text("srun: error: node1: task 0: Exited with exit code 1\nnodescale: restart 1 of 1\n"
+                   "srun: error: node2: task 1: Exited with exit code 1\n")
+    text = summary_of_logs([out, err], "7")
+    assert text[-1].startswith("nodescale: the job failed: rank 1 on node2 failed first, exit code 1"), text
+    assert "first attempt" not in "\n".join(text)
+    # PBS: the script's placement line names each task's host; it comes before any restart.
+    placed = ["nodescale: mpiexec places 2 task(s) on each host, in this order: h1 h2",
+              "[3] Traceback (most recent call last):"]
+    assert summary(parse(placed), "8.pbs", placed_hosts(placed))[-1].startswith(
+        "nodescale: the job failed: rank 3 on h2 failed first;")
+
+
+LOCAL_FAIL_EACH_TIME = """\
+import os
+attempt, rank = os.environ.get("NODESCALE_RESTART_COUNT", "0"), os.environ["RANK"]
+print(f"hello from rank {rank}, attempt {attempt}", flush=True)
+assert rank != attempt, f"attempt {attempt} broke on rank {rank}"
+"""
+
+
+def test_local_ranks_are_labelled_and_logged(tmp_path: Path) -> None:
+    """A real 2-rank local launch, one restart, each attempt failing on another rank: the terminal and
+    ranks.log label each line; `nodescale logs DIR --rank 1 / --failure` read it (the last attempt)."""
+    import socket
+
+    (tmp_path / "fail.py").write_text(LOCAL_FAIL_EACH_TIME)
+    result = run_cli(["launch", "--nproc-per-node", "2", "--max-restarts", "1", "--job-dir", "jobs", "--",
+                      sys.executable, "fail.py"], cwd=tmp_path, check=False)
+    assert result.returncode == 1, result
+    assert "[rank1]: hello from rank 1, attempt 1" in result.stdout.splitlines(), result.stdout
+    assert "[rank0]: AssertionError: attempt 0 broke on rank 0" in result.stdout.splitlines(), result.stdout
+    log = (tmp_path / "jobs" / "ranks.log").read_text().splitlines()
+    assert "nodescale: restart 1 of 1 after rank 0 exited with 1" in log, log
+    own = run_cli(["logs", "jobs", "--rank", "1"], cwd=tmp_path).stdout.splitlines()
+    assert own[:2] == ["hello from rank 1, attempt 0", "hello from rank 1, attempt 1"], own
+    assert not any("rank 0" in line for line in own), own
+    failure = run_cli(["logs", "jobs", "--failure"], cwd=tmp_path).stdout.splitlines()
+    assert failure[-1].startswith(f"nodescale: the job failed: rank 1 on {socket.gethostname()} failed first"), failure
+    assert "nodescale: | AssertionError: attempt 1 broke on rank 1" in failure, failure

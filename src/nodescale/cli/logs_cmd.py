@@ -11,8 +11,9 @@ from pathlib import Path
 from nodescale.errors import UserError
 from nodescale.launch.rank_logs import Line
 
-# A job directory's logs, newest first: Slurm's, nodescale's copy of PBS's, PBS's own.
-_LOG_NAMES = re.compile(r"^(slurm-\d+\.out|pbs-\d+\.log|.+\.o\d+)$")
+# A job directory's logs, newest first: Slurm's, nodescale's copy of PBS's, PBS's own, and a run or job
+# directory's ranks.log (nodescale's local launcher with several ranks: local_rank_output).
+_LOG_NAMES = re.compile(r"^(slurm-\d+\.out|pbs-\d+\.log|.+\.o\d+|ranks\.log)$")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -73,7 +74,8 @@ def find_logs(job: str) -> JobLogs:
     if path.is_dir():
         found = sorted((p for p in path.iterdir() if _LOG_NAMES.match(p.name)), key=lambda p: p.stat().st_mtime)
         if not found:
-            raise UserError(f"job directory {job!r}", "holds no job log (slurm-ID.out, pbs-ID.log, NAME.oID)")
+            raise UserError(f"job directory {job!r}",
+                            "holds no job log (slurm-ID.out, pbs-ID.log, NAME.oID, ranks.log)")
         path = found[-1]
     if path.is_file():
         errors = path.with_suffix(".err") if path.suffix == ".out" else None
@@ -88,8 +90,7 @@ def show_logs(args: argparse.Namespace) -> int:
     logs = find_logs(args.job)
     keep = rank_logs.line_filter(args.rank, args.grep)
     if args.failure:
-        raws = [raw for path in logs.paths for raw in rank_logs.read_lines(path)]
-        print("\n".join(first_failure.summary(rank_logs.parse(raws, logs.torchrun), logs.name)))
+        print("\n".join(first_failure.summary_of_logs(logs.paths, logs.name, logs.torchrun)))
         return 0
     if args.follow:
         torchrun = logs.torchrun

@@ -120,7 +120,7 @@ def _run_here(cfg: RunConfig) -> int:
         write_text_atomic(config_path, dump_yaml(cfg))
         sys.stdout.flush()
         code = launch_local([sys.executable, "-u", "-m", "nodescale.train.worker", str(config_path)], nproc,
-                            max_restarts=restarts, preload=_preload(cfg))
+                            max_restarts=restarts, preload=_preload(cfg), log_dir=Path(cfg.out))
     if code == 1:
         # A failure that was not the user's: the checkpoints so far are still good.
         tried = f"after {restarts} restart{'s' if restarts != 1 else ''}" if restarts else "with --max-restarts 0"

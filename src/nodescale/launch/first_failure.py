@@ -13,6 +13,11 @@ launchers report, in a labelled log (:mod:`nodescale.launch.rank_logs`):
 - ties (torchrun's times have one-second steps) go to the rank whose traceback came first: a
   rank's traceback is printed before it exits, so before its peers can notice.
 
+A job that restarted its step (``launch --max-restarts``) holds every attempt in its log: only
+the lines after the last ``nodescale: restart N of M`` line of each file count (the Slurm loop
+writes that line to the .err file too). PBS's mpiexec labels say no host: the job script's
+``nodescale: mpiexec places P task(s) on each host, in this order: H1 H2 ...`` line does.
+
 ``python -m nodescale.launch.first_failure JOB LOG...`` prints the summary; the job scripts
 run it after a failed step, so that it is the job log's last lines.
 """
@@ -32,6 +37,10 @@ LAST_LINES = 10
 _SRUN = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.*)$")
 _SRUN_CODE = re.compile(r"Exited with exit code (\d+)")
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*?)\s*$")
+# Lines the job scripts print (nodescale.launch.restarts, nodescale.launch.rank_labels).
+_RESTART = re.compile(r"^nodescale: restart \d+ of \d+")
+_PLACEMENT = re.compile(r"^nodescale: (?:mpiexec|the local launcher) places (\d+) task\(s\) on each host, "
+                        r"in this order: (.*)$")
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\b\w*(Error|Exception): |^nodescale: .*error")
 
 
@@ -101,13 +110,34 @@ def torchrun_reports(lines: Sequence[Line]) -> list[Failure]:
     return failures
 
 
-def first_failure(lines: Sequence[Line]) -> Failure | None:
-    """The rank that failed first, or None where nothing in the log says one did."""
-    from_srun, task_hosts = srun_reports(lines)
+def last_attempt(raws: list[str]) -> list[str]:
+    """One log file's lines from the last restart of the step on (all of them where it never restarted)."""
+    starts = [index for index, raw in enumerate(raws) if _RESTART.match(raw)]
+    return raws[starts[-1]:] if starts else raws
+
+
+def placed_hosts(raws: Sequence[str]) -> dict[int, str]:
+    """Each mpiexec task's host, from the PBS script's placement line (blocks of P tasks per host)."""
+    for raw in raws:
+        match = _PLACEMENT.match(raw)
+        if match:
+            per_host = int(match[1])
+            return {index * per_host + slot: host for index, host in enumerate(match[2].split())
+                    for slot in range(per_host)}
+    return {}
+
+
+def first_failure(lines: Sequence[Line], placed: dict[int, str] | None = None) -> Failure | None:
+    """The rank that failed first, or None where nothing in the log says one did.
+
+    ``placed``: each launcher task's host where the labels do not say it (:func:`placed_hosts`).
+    """
+    from_srun, srun_hosts = srun_reports(lines)
+    task_hosts = {**(placed or {}), **srun_hosts}
     torchrun = any(line.node is not None for line in lines)
     candidates = torchrun_reports(lines) if torchrun else from_srun
+    node_of = {line.rank: line.node for line in lines if line.rank is not None and line.node is not None}
     if torchrun:
-        node_of = {line.rank: line.node for line in lines if line.rank is not None and line.node is not None}
         for failure in candidates:  # torchrun knows its machine's name; Slurm knows the node's
             failure.host = task_hosts.get(node_of.get(failure.rank, -1), failure.host)
     first_error = {}
@@ -121,12 +151,14 @@ def first_failure(lines: Sequence[Line]) -> Failure | None:
     causes = killed or causes
     if not causes:
         return None
-    return min(causes, key=lambda f: (f.time, first_error.get(f.rank, len(lines)), f.order))
+    failure = min(causes, key=lambda f: (f.time, first_error.get(f.rank, len(lines)), f.order))
+    failure.host = failure.host or task_hosts.get(node_of.get(failure.rank, -1) if torchrun else failure.rank)
+    return failure
 
 
-def summary(lines: Sequence[Line], job: str) -> list[str]:
+def summary(lines: Sequence[Line], job: str, placed: dict[int, str] | None = None) -> list[str]:
     """The lines that end a failed job's log: the first failed rank's last lines, then who it was."""
-    failure = first_failure(lines)
+    failure = first_failure(lines, placed)
     if failure is None:
         return [f"nodescale: the job failed; no rank's failure was found in its log: `nodescale logs {job}`"]
     own = [line.text for line in lines if line.rank == failure.rank][-LAST_LINES:]
@@ -140,9 +172,15 @@ def summary(lines: Sequence[Line], job: str) -> list[str]:
 def main(argv: Sequence[str]) -> int:
     """``python -m nodescale.launch.first_failure JOB LOG...``: print the summary of the logs."""
     job, *paths = argv
-    raws = [raw for path in paths for raw in read_lines(Path(path))]
-    print("\n".join(summary(parse(raws), job)), flush=True)
+    print("\n".join(summary_of_logs([Path(path) for path in paths], job)), flush=True)
     return 0
+
+
+def summary_of_logs(paths: Sequence[Path], job: str, torchrun: bool | None = None) -> list[str]:
+    """:func:`summary` of a job's log files: their last attempt, and the hosts placed anywhere in them."""
+    files = [read_lines(path) for path in paths]
+    raws = [raw for lines in files for raw in last_attempt(lines)]
+    return summary(parse(raws, torchrun), job, placed_hosts([raw for lines in files for raw in lines]))
 
 
 if __name__ == "__main__":

@@ -28,14 +28,17 @@ TORCHRUN_TEE = "--tee=3"
 PBS_LOG_NAME = "pbs-{job_number}.log"
 
 
-def pbs_log_lines(job_dir: str) -> list[str]:
-    """Send the rest of the script's output to a log file in the job directory as well."""
+def pbs_log_lines(job_dir: str, tasks_per_host: int) -> list[str]:
+    """Send the rest of the script's output to a log file in the job directory as well; say where tasks run."""
     path = f'{shell.quote(job_dir.rstrip("/") + "/")}pbs-"${{PBS_JOBID%%.*}}".log'
+    hosts = """$(awk '!seen[$0]++' "$PBS_NODEFILE" | paste -sd ' ')"""
     return [
         "# PBS copies the job's output to the job directory only at its end: a copy as it is written, for",
         "# `nodescale logs` (and --follow) and for the failure summary at the end.",
         f"ranks_log={path}",
         'exec > >(tee -a "$ranks_log") 2>&1',
+        "# mpiexec's labels name no host: the failure summary finds a task's host from this line (first_failure).",
+        f'echo "nodescale: mpiexec places {tasks_per_host} task(s) on each host, in this order: {hosts}"',
     ]
 
 

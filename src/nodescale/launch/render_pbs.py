@@ -64,7 +64,7 @@ def render_pbs(spec: JobSpec, preset: Preset) -> str:
     blocks = [
         ["#!/bin/bash", *shell.header_lines(spec, preset), *(f"#PBS {d}" for d in directives(spec, preset))],
         shell.prologue_lines(spec, preset, cd_comment),
-        rank_labels.pbs_log_lines(str(spec.job_dir)),
+        rank_labels.pbs_log_lines(str(spec.job_dir), spec.nproc_per_node if spec.mode == "per-gpu" else 1),
         job_array.index_lines(spec.array.indices, "pbs") if spec.array else [],
         shell.rendezvous_block(_HEAD, "PBS_JOBID", env, _WHY_HEAD),
         *(job_array.with_status(run_lines(spec, preset, [*env, job_array.INDEX_VARIABLE]), str(spec.array.sweep_dir))

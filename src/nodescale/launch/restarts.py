@@ -133,7 +133,7 @@ def slurm_loop(spec: JobSpec, run: list[str], head_lines: list[str] | None) -> l
     user_error = [
         "grep -q ': Exited with exit code 2$' \"$step_report\" 2>/dev/null"]
     return _loop(spec, "SLURM_JOB_ID", setup, ['rm -f "$step_report" "$step_report.done"', *choose], run,
-                 wait_report, user_error, lost, "")
+                 wait_report, user_error, lost, "", also_stderr=True)
 
 
 def pbs_loop(spec: JobSpec, run: list[str]) -> list[str]:
@@ -148,7 +148,7 @@ def _job_file(spec: JobSpec, prefix: str, job_id_var: str) -> str:
 
 
 def _loop(spec: JobSpec, job_id_var: str, setup: list[str], top: list[str], run: list[str], after: list[str],
-          user_error_tests: list[str], diagnose: list[str], where: str) -> list[str]:
+          user_error_tests: list[str], diagnose: list[str], where: str, also_stderr: bool = False) -> list[str]:
     limit, indent = spec.max_restarts, shell.INDENT  # ``run`` sets $step_status (the caller exits with it)
     errors = f'"${ERROR_DIR_VARIABLE}"'
     user_error = " || ".join([f'[ "$step_status" -eq {EXIT_USER_ERROR} ]', f'[ -n "$(ls -A {errors})" ]',
@@ -181,6 +181,9 @@ def _loop(spec: JobSpec, job_id_var: str, setup: list[str], top: list[str], run:
         *diagnose,
         "restart=$((restart + 1))",
         f'echo "nodescale: restart $restart of {limit}{where}: the ranks resume from the newest checkpoint"',
+        # The failure summary reads each log file from its last restart line on (first_failure.last_attempt).
+        *([f'echo "nodescale: restart $restart of {limit}" >&2  # srun reports failures in the .err file']
+          if also_stderr else []),
     ]
     why = [
         f"# Restarts (nodescale launch --max-restarts {limit}): the step runs again after a failure, and its ranks",

@@ -39,6 +39,8 @@ export MPICH_GPU_SUPPORT_ENABLED=1
 # `nodescale logs` (and --follow) and for the failure summary at the end.
 ranks_log=/home/user/project/nodescale-jobs/pbs-"${PBS_JOBID%%.*}".log
 exec > >(tee -a "$ranks_log") 2>&1
+# mpiexec's labels name no host: the failure summary finds a task's host from this line (first_failure).
+echo "nodescale: mpiexec places 4 task(s) on each host, in this order: $(awk '!seen[$0]++' "$PBS_NODEFILE" | paste -sd ' ')"
 
 # Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
 # the port derives from the job id: the same on every node, another for each job.

@@ -103,6 +103,7 @@ while true; do
     fi
     restart=$((restart + 1))
     echo "nodescale: restart $restart of 2: the ranks resume from the newest checkpoint"
+    echo "nodescale: restart $restart of 2" >&2  # srun reports failures in the .err file
 done
 
 # A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).

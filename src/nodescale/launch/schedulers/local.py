@@ -41,7 +41,7 @@ class Local(Scheduler):
         argv = list(spec.command)
         if spec.mode != "spawn" and (spec.nproc_per_node > 1 or spec.max_restarts):
             # One process with restarts runs as one restartable worker, as `nodescale train --max-restarts` does.
-            argv = local_launcher.command_line(spec.nproc_per_node, spec.command, spec.max_restarts)
+            argv = local_launcher.command_line(spec.nproc_per_node, spec.command, spec.max_restarts, spec.job_dir)
         return DryRun(spec, tuple(argv), dict(spec.env))
 
     def submit(self, dryrun: DryRun) -> NoReturn:

@@ -61,10 +61,11 @@ class ForkServer:
     """The launcher's side: the server process, and what its pipe has said so far."""
 
     def __init__(self, command: PythonModule, rank_envs: Sequence[Mapping[str, str]],
-                 env: Mapping[str, str], preload: Sequence[str]) -> None:
+                 env: Mapping[str, str], preload: Sequence[str], output_fds: Sequence[int] = ()) -> None:
         read_end, write_end = os.pipe()
         spec = {"flags": command.flags, "module": command.module, "args": command.args, "preload": list(preload),
-                "ranks": [dict(rank_env) for rank_env in rank_envs], "status_fd": write_end}
+                "ranks": [dict(rank_env) for rank_env in rank_envs], "status_fd": write_end,
+                "output_fds": list(output_fds)}  # each rank's stdout and stderr, where they are labelled
         # A file, not an argument: one argument holds at most 128 KiB, some 200 ranks' variables.
         handle, spec_path = tempfile.mkstemp(prefix="nodescale-fork-", suffix=".json")
         with os.fdopen(handle, "w") as spec_file:
@@ -72,7 +73,7 @@ class ForkServer:
         try:
             self.process = subprocess.Popen(
                 [command.interpreter, *command.flags, "-m", __name__, spec_path], env=dict(env),
-                pass_fds=(write_end,), start_new_session=True, preexec_fn=die_with_parent)
+                pass_fds=(write_end, *output_fds), start_new_session=True, preexec_fn=die_with_parent)
         except BaseException:
             os.unlink(spec_path)
             raise
@@ -151,9 +152,11 @@ def serve(spec: Mapping[str, object]) -> int:
             pid = os.fork()
         if pid == 0:
             status.close()
-            _exit(_become_rank, rank_env, spec, server)
+            _exit(_become_rank, rank_env, spec, server, rank)
         ranks[pid] = rank
         status.write(f"started {rank} {pid}\n")
+    for fd in spec["output_fds"]:  # type: ignore[attr-defined]  # the ranks hold them: a rank's end ends its pipe
+        os.close(fd)
     while ranks:
         pid, wait_status = os.wait()
         if pid in ranks:
@@ -161,12 +164,18 @@ def serve(spec: Mapping[str, object]) -> int:
     return 0
 
 
-def _become_rank(rank_env: Mapping[str, str], spec: Mapping[str, object], server: int) -> int:
+def _become_rank(rank_env: Mapping[str, str], spec: Mapping[str, object], server: int, rank: int) -> int:
     """In the forked child: a session of its own, the rank's variables, then ``python -m MODULE``."""
     os.setsid()
     die_with_parent()
     if os.getppid() != server:  # the server died before the line above: no signal will come
         return 1
+    outputs = list(spec["output_fds"])  # type: ignore[call-overload]
+    if outputs:
+        os.dup2(outputs[rank], 1)
+        os.dup2(outputs[rank], 2)
+        for fd in outputs:
+            os.close(fd)
     os.environ.update(rank_env)
     # /proc/PID/environ keeps the server's variables, without RANK: the name tells the ranks apart.
     name_process(f"nodescale-r{os.environ.get('RANK', '')}")

@@ -18,12 +18,17 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nodescale.errors import EXIT_USER_ERROR, UserError
 from nodescale.stop_signals import EXIT_REQUEUE
+
+if TYPE_CHECKING:
+    from nodescale.launch.schedulers.local_rank_output import RankOutput
 
 # Workers (nodescale.train.worker) write their user errors into this directory and the
 # launcher prints each distinct one once, instead of N ranks printing the same lines.
@@ -78,7 +83,7 @@ def threads_per_process(nproc: int, cpus: int | None = None) -> int:
 
 
 def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, store_process: bool = False,
-                 preload: Sequence[str] = ()) -> int:
+                 preload: Sequence[str] = (), log_dir: Path | None = None) -> int:
     """Run ``command`` in ``nproc`` local processes, torchrun-style; return the job's exit code.
 
     When a worker fails for any reason but a user error, every worker is
@@ -87,8 +92,27 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
     themselves), 1 for any other failure, 0 on success, 128 + N when signal N
     stopped the launcher. ``store_process`` (for commands that are not nodescale's) and ``preload``
     (modules a ``python -m`` command's ranks are forked after): see
-    :func:`~nodescale.launch.schedulers.local_worker_group.run_worker_group`.
+    :func:`~nodescale.launch.schedulers.local_worker_group.run_worker_group`. ``log_dir``: with
+    ``nproc`` > 1, each rank's lines are labelled and kept in ``log_dir/ranks.log`` as well
+    (:mod:`~nodescale.launch.schedulers.local_rank_output`).
     """
+    from nodescale.launch.schedulers.local_rank_output import RankOutput, note, open_log
+
+    log = open_log(log_dir, nproc) if log_dir is not None and nproc > 1 else None
+    if log is not None:
+        os.environ.setdefault("PYTHONUNBUFFERED", "1")  # a rank's lines reach the terminal as they are printed
+    try:
+        return _launch_local(command, nproc, max_restarts, store_process, preload,
+                             (lambda: RankOutput(log, nproc)) if log else (lambda: None),
+                             lambda line: note(log, line))
+    finally:
+        if log is not None:
+            with suppress(OSError):  # a full disk
+                log.close()
+
+
+def _launch_local(command: Sequence[str], nproc: int, max_restarts: int, store_process: bool,
+                  preload: Sequence[str], output: Callable[[], RankOutput | None], note: Callable[[str], None]) -> int:
     from nodescale.launch.schedulers.local_worker_group import run_worker_group
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
@@ -96,7 +120,7 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
     with tempfile.TemporaryDirectory(prefix="nodescale-errors-") as error_dir:
         for attempt in range(max_restarts + 1):
             result = run_worker_group(command, nproc, {ERROR_DIR_VARIABLE: error_dir, **restart},
-                                      store_process=store_process, preload=preload)
+                                      store_process=store_process, preload=preload, output=output())
             if result.stopped_by is not None:
                 # SIGTERM/SIGINT to this launcher: passed on to the workers, whose stop handlers
                 # checkpoint within the grace period, and they were stopped.
@@ -124,10 +148,13 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
                 return EXIT_REQUEUE
             if attempt == max_restarts or EXIT_REQUEUE in codes.values():
                 print(f"nodescale: worker processes failed: {reason}", file=sys.stderr)
+                note(f"nodescale: worker processes failed: {reason}")
                 return 1
             print(f"nodescale: {reason}; restarting all {nproc} processes from the newest checkpoint "
                   f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr)
             sys.stderr.flush()
+            # The line the failure summary reads the log from (first_failure.last_attempt).
+            note(f"nodescale: restart {attempt + 1} of {max_restarts} after {reason}")
             _clear(Path(error_dir))
             restart = {RESTART_COUNT_VARIABLE: str(attempt + 1), MAX_RESTARTS_VARIABLE: str(max_restarts),
                        RESTART_REASON_VARIABLE: reason}
@@ -177,10 +204,11 @@ def run_cli_locally(argv: Sequence[str], nproc: int) -> int:
     return launch_local([sys.executable, "-u", "-m", "nodescale", *argv], nproc, preload=("torch.distributed",))
 
 
-def command_line(nproc: int, command: Sequence[str], max_restarts: int = 0) -> list[str]:
+def command_line(nproc: int, command: Sequence[str], max_restarts: int = 0, log_dir: Path | None = None) -> list[str]:
     """The command that runs ``command`` in ``nproc`` local processes (what ``nodescale launch`` executes)."""
     restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
-    return [sys.executable, "-m", __name__, f"--nproc-per-node={nproc}", *restarts, "--", *command]
+    log = [f"--log-dir={log_dir}"] if log_dir is not None and nproc > 1 else []
+    return [sys.executable, "-m", __name__, f"--nproc-per-node={nproc}", *restarts, *log, "--", *command]
 
 
 def main(argv: Sequence[str]) -> int:
@@ -190,12 +218,14 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description="nodescale's local launcher: COMMAND in N local processes")
     parser.add_argument("--nproc-per-node", type=int, required=True)
     parser.add_argument("--max-restarts", type=int, default=0)
+    parser.add_argument("--log-dir", type=Path, help="keep the ranks' labelled lines in LOG_DIR/ranks.log")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         # Any script's rank 0 would serve the store on every interface: a store process serves it on loopback.
-        return launch_local(command, args.nproc_per_node, args.max_restarts, store_process=True)
+        return launch_local(command, args.nproc_per_node, args.max_restarts, store_process=True,
+                            log_dir=args.log_dir)
     except UserError as exc:
         print(f"nodescale: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

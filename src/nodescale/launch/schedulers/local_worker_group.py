@@ -40,6 +40,7 @@ from nodescale.launch.schedulers import local_store_server
 
 if TYPE_CHECKING:
     from nodescale.launch.schedulers.local_fork_server import ForkedWorker
+    from nodescale.launch.schedulers.local_rank_output import RankOutput
 
     Worker = subprocess.Popen[bytes] | ForkedWorker
 
@@ -95,7 +96,7 @@ class _Stop(Exception):
 
 def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str, str] | None = None,
                      grace_seconds: float = STOP_GRACE_SECONDS, store_process: bool = False,
-                     preload: Sequence[str] = ()) -> GroupResult:
+                     preload: Sequence[str] = (), output: RankOutput | None = None) -> GroupResult:
     """Run ``command`` as ranks 0..nproc-1 on this host; return when all have exited.
 
     Ends early when a worker fails (the others are stopped) or the launcher is told to stop.
@@ -104,6 +105,7 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
     default rank 0 serves it (nodescale's own workers bind it to 127.0.0.1 themselves).
     ``preload``: modules to import once and fork the ranks from, where ``command`` is a
     ``python -m MODULE`` (see :mod:`~nodescale.launch.schedulers.local_fork_server`).
+    ``output``: each rank's stdout and stderr go to its pipe there, to be labelled.
     """
     from nodescale.launch.schedulers.local_fork_server import ForkServer, as_python_module
 
@@ -134,14 +136,17 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
     try:
         if module is not None:
             rank_envs = [{name: value for name, value in env.items() if base.get(name) != value} for env in envs]
-            forks = ForkServer(module, rank_envs, base, preload)
+            forks = ForkServer(module, rank_envs, base, preload, output.write_fds if output else ())
             all_forked()
         for rank, env in enumerate(envs if module is None else []):
+            fd = output.write_fds[rank] if output else None
             try:
                 workers[rank] = subprocess.Popen(list(command), env=env, start_new_session=True,
-                                                 preexec_fn=die_with_parent)
+                                                 preexec_fn=die_with_parent, stdout=fd, stderr=fd)
             except FileNotFoundError:
                 raise program_not_found(command[0]) from None  # the workers started so far are stopped below
+        if output:
+            output.started()
         codes = _wait_for_all_or_a_failure(workers)
         stopped = _stop_workers(workers, signal.SIGTERM, grace_seconds) if any(codes.values()) else {}
         return GroupResult({**codes, **stopped}, stopped=frozenset(stopped))
@@ -159,6 +164,8 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
         for helper in (server, forks.process if forks is not None else None):
             if helper is not None:
                 _stop_workers({-1: helper}, signal.SIGTERM, 10.0)
+        if output:
+            output.close()
 
 
 def _start_store_server(nproc: int) -> tuple[subprocess.Popen[bytes], int]:

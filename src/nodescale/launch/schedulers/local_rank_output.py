@@ -1,0 +1,90 @@
+"""Each local rank's output, labelled ``[rankN]: `` on the terminal and kept in a log file.
+
+The cluster jobs label every line with its rank (:mod:`nodescale.launch.rank_labels`); with
+``--nproc`` > 1 nodescale's local launcher does the same: each rank writes one stream (stdout
+and stderr together, so a traceback stays in order with the lines before it) into a pipe of
+its own, and a thread per rank copies whole lines, labelled, to the launcher's stdout and to
+``ranks.log`` (in the run directory for ``train``, the job directory for ``launch``), which
+``nodescale logs DIR [--rank R] [--failure]`` reads. The ranks' stdout is then a pipe, not a
+terminal: rank 0 prints a line per log interval instead of a progress bar, as in a batch job.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from contextlib import suppress
+from pathlib import Path
+from typing import IO
+
+LOG_NAME = "ranks.log"
+_JOIN_SECONDS = 5.0  # a rank's child that outlives it may hold its pipe open: do not wait for it forever
+
+
+class RankOutput:
+    """The pipes of one worker group's ranks and the threads that copy their lines."""
+
+    def __init__(self, log: IO[str], nproc: int) -> None:
+        self._log = log
+        self._lock = threading.Lock()
+        pipes = [os.pipe() for _ in range(nproc)]
+        self.write_fds = [write for _, write in pipes]  # each rank's stdout and stderr
+        self._threads = [threading.Thread(target=self._copy, args=(rank, read), daemon=True,
+                                          name=f"nodescale-rank{rank}-output") for rank, (read, _) in enumerate(pipes)]
+        for thread in self._threads:
+            thread.start()
+
+    def started(self) -> None:
+        """The ranks hold their ends now: close ours, so that a rank's end is its pipe's end."""
+        for fd in self.write_fds:
+            os.close(fd)
+        self.write_fds = []
+
+    def close(self) -> None:
+        """Wait (a little) for the last lines, then stop copying."""
+        self.started()
+        for thread in self._threads:
+            thread.join(_JOIN_SECONDS)
+
+    def _copy(self, rank: int, fd: int) -> None:
+        with open(fd, "rb", buffering=0) as pipe:
+            pending = b""
+            while chunk := pipe.read(65536):
+                *lines, pending = (pending + chunk).split(b"\n")
+                self._write(rank, lines)
+            if pending:
+                self._write(rank, [pending])
+
+    def _write(self, rank: int, lines: list[bytes]) -> None:
+        text = "".join(f"[rank{rank}]: {line.decode(errors='replace').rstrip(chr(13))}\n" for line in lines)
+        with self._lock:
+            # A full disk or a closed terminal must not stop the copying: a rank blocks once its pipe is full.
+            for stream in (sys.stdout, self._log):
+                if stream.closed:
+                    continue
+                try:
+                    stream.write(text)
+                    stream.flush()
+                except (OSError, ValueError):
+                    with suppress(OSError, ValueError):
+                        stream.close()
+
+
+def open_log(directory: Path, nproc: int) -> IO[str]:
+    """``DIRECTORY/ranks.log``, emptied (it holds the last local launch's lines), with the ranks' host."""
+    directory.mkdir(parents=True, exist_ok=True)
+    log = open(directory / LOG_NAME, "w", encoding="utf-8")
+    # The failure summary names a failed rank's host from this line (first_failure.placed_hosts).
+    note(log, f"nodescale: the local launcher places {nproc} task(s) on each host, in this order: "
+              f"{socket.gethostname()}")
+    return log
+
+
+def note(log: IO[str] | None, line: str) -> None:
+    """A launcher's line in the log as well (a restart marks where the last attempt's lines start)."""
+    if log is not None and not log.closed:
+        with suppress(OSError, ValueError):
+            log.write(line + "\n")
+            log.flush()
