@@ -6,6 +6,7 @@ the log, so there it prints one line per epoch and per log interval only.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -18,8 +19,12 @@ class Console:
 
     def __init__(self, enabled: bool, progress: bool) -> None:
         self.enabled = enabled
-        self.rich = RichConsole(highlight=False)
-        self.bar = progress and enabled and sys.stdout.isatty()
+        # Under the local launcher with several ranks stdout is a pipe, passed on to the terminal as it is.
+        columns = os.environ.get("NODESCALE_TERMINAL_COLUMNS", "")  # local_rank_output.TERMINAL_VARIABLE
+        on_terminal = sys.stdout.isatty() or columns.isdigit()
+        self.rich = RichConsole(highlight=False, force_terminal=on_terminal or None,
+                                width=int(columns) if columns.isdigit() and not sys.stdout.isatty() else None)
+        self.bar = progress and enabled and on_terminal
         self._progress: Progress | None = None
         self._task: Any = None
         self._status = ""

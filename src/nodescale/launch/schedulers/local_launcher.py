@@ -96,14 +96,17 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
     ``nproc`` > 1, each rank's lines are labelled and kept in ``log_dir/ranks.log`` as well
     (:mod:`~nodescale.launch.schedulers.local_rank_output`).
     """
-    from nodescale.launch.schedulers.local_rank_output import RankOutput, note, open_log
+    from nodescale.launch.schedulers.local_rank_output import TERMINAL_VARIABLE, RankOutput, note, open_log
 
     log = open_log(log_dir, nproc) if log_dir is not None and nproc > 1 else None
+    terminal = log is not None and sys.stdout.isatty()
     if log is not None:
         os.environ.setdefault("PYTHONUNBUFFERED", "1")  # a rank's lines reach the terminal as they are printed
+    if terminal:
+        os.environ[TERMINAL_VARIABLE] = str(shutil.get_terminal_size().columns)
     try:
         return _launch_local(command, nproc, max_restarts, store_process, preload,
-                             (lambda: RankOutput(log, nproc)) if log else (lambda: None),
+                             (lambda: RankOutput(log, nproc, terminal)) if log else (lambda: None),
                              lambda line: note(log, line))
     finally:
         if log is not None:

@@ -5,13 +5,15 @@ The cluster jobs label every line with its rank (:mod:`nodescale.launch.rank_lab
 and stderr together, so a traceback stays in order with the lines before it) into a pipe of
 its own, and a thread per rank copies whole lines, labelled, to the launcher's stdout and to
 ``ranks.log`` (in the run directory for ``train``, the job directory for ``launch``), which
-``nodescale logs DIR [--rank R] [--failure]`` reads. The ranks' stdout is then a pipe, not a
-terminal: rank 0 prints a line per log interval instead of a progress bar, as in a batch job.
+``nodescale logs DIR [--rank R] [--failure]`` reads. On a terminal rank 0's output goes to it
+as it is, unlabelled (:data:`TERMINAL_VARIABLE` tells rank 0 to draw its progress bar into the
+pipe), and to the log as plain lines.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -20,14 +22,18 @@ from pathlib import Path
 from typing import IO
 
 LOG_NAME = "ranks.log"
+# Set for the ranks when the launcher's stdout is a terminal: its width, for rank 0's progress bar.
+TERMINAL_VARIABLE = "NODESCALE_TERMINAL_COLUMNS"
+_CONTROL = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")  # cursor moves and erasures of a progress bar
 _JOIN_SECONDS = 5.0  # a rank's child that outlives it may hold its pipe open: do not wait for it forever
 
 
 class RankOutput:
     """The pipes of one worker group's ranks and the threads that copy their lines."""
 
-    def __init__(self, log: IO[str], nproc: int) -> None:
+    def __init__(self, log: IO[str], nproc: int, terminal: bool = False) -> None:
         self._log = log
+        self._terminal = terminal  # rank 0's bytes go to the terminal as they come
         self._lock = threading.Lock()
         pipes = [os.pipe() for _ in range(nproc)]
         self.write_fds = [write for _, write in pipes]  # each rank's stdout and stderr
@@ -52,16 +58,24 @@ class RankOutput:
         with open(fd, "rb", buffering=0) as pipe:
             pending = b""
             while chunk := pipe.read(65536):
+                raw = self._terminal and rank == 0
+                if raw:
+                    self._emit([sys.stdout], chunk.decode(errors="replace"))
                 *lines, pending = (pending + chunk).split(b"\n")
-                self._write(rank, lines)
+                pending = pending.rsplit(b"\r", 1)[-1]  # a bar's frames: only the last one may end in a line
+                self._write(rank, lines, to_terminal=not raw)
             if pending:
-                self._write(rank, [pending])
+                self._write(rank, [pending], to_terminal=not (self._terminal and rank == 0))
 
-    def _write(self, rank: int, lines: list[bytes]) -> None:
-        text = "".join(f"[rank{rank}]: {line.decode(errors='replace').rstrip(chr(13))}\n" for line in lines)
+    def _write(self, rank: int, lines: list[bytes], to_terminal: bool = True) -> None:
+        plain = (_CONTROL.sub(b"", line).rsplit(b"\r", 1)[-1] for line in lines)  # the text a terminal shows
+        text = "".join(f"[rank{rank}]: {line.decode(errors='replace')}\n" for line in plain)
+        self._emit([sys.stdout, self._log] if to_terminal else [self._log], text)
+
+    def _emit(self, streams: list[IO[str]], text: str) -> None:
         with self._lock:
             # A full disk or a closed terminal must not stop the copying: a rank blocks once its pipe is full.
-            for stream in (sys.stdout, self._log):
+            for stream in streams:
                 if stream.closed:
                     continue
                 try:
