@@ -228,3 +228,22 @@ def test_local_ranks_are_labelled_and_logged(tmp_path: Path) -> None:
     failure = run_cli(["logs", "jobs", "--failure"], cwd=tmp_path).stdout.splitlines()
     assert failure[-1].startswith(f"nodescale: the job failed: rank 1 on {socket.gethostname()} failed first"), failure
     assert "nodescale: | AssertionError: attempt 1 broke on rank 1" in failure, failure
+
+
+def test_on_a_terminal_rank_0_passes_through_and_the_log_gets_plain_lines(tmp_path: Path, capsys) -> None:
+    """Rank 0's progress bar (carriage returns, cursor codes) reaches the terminal as it is; the log gets the text
+    a terminal shows, labelled; other ranks are labelled on both."""
+    import io
+    import os
+
+    from nodescale.launch.schedulers.local_rank_output import RankOutput
+
+    log = io.StringIO()
+    output = RankOutput(log, 2, terminal=True)
+    bar = b"\r\x1b[2Ktrain 1/2\r\x1b[2Ktrain 2/2\r\x1b[2Kepoch 1/1 done\n"
+    os.write(output.write_fds[0], bar)
+    os.write(output.write_fds[1], b"a warning\n")
+    output.close()
+    terminal = capsys.readouterr().out
+    assert bar.decode() in terminal and "[rank1]: a warning\n" in terminal and "[rank0]" not in terminal
+    assert sorted(log.getvalue().splitlines()) == ["[rank0]: epoch 1/1 done", "[rank1]: a warning"]
