@@ -400,6 +400,10 @@ def test_healthy_local_run_is_all_ok(tmp_path: Path) -> None:
     assert (document["status"], document["exit_code"], document["world_size"]) == (OK, 0, 2)
     assert {row["status"] for row in document["checks"]} == {OK}, document["checks"]
     assert [rank["rank"] for rank in document["ranks"]] == [0, 1]
+    # read from this machine's /sys: one NUMA node, no GPU
+    assert [(rank["numa_node_count"], rank["numa_nodes"], rank["gpu_numa_node"]) for rank in document["ranks"]] \
+        == [(1, [0], None)] * 2
+    assert "one NUMA node per host" in str(document["checks"])
     assert all(rank["allreduce"]["verified"] and rank["allreduce"]["seconds"] > 0 for rank in document["ranks"])
     assert document["collective"] == {"ran": True, "reason": "", "backend": "gloo", "link_partners": [1],
                                       "link_kind": "rank"}
@@ -501,3 +505,46 @@ def test_nproc_must_be_a_positive_whole_number(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="--timeout 0"):
         parse_timeout("0")
 
+
+
+# --- NUMA locality (a fake sysfs tree: this machine has one NUMA node and no GPU) ----------------
+
+
+def fake_sysfs(root: Path, node_cpus: dict[int, str], gpus: dict[str, str]) -> Path:
+    for node, cpulist in node_cpus.items():
+        (root / f"devices/system/node/node{node}").mkdir(parents=True)
+        (root / f"devices/system/node/node{node}/cpulist").write_text(cpulist + "\n")
+    for address, numa_node in gpus.items():
+        (root / f"bus/pci/devices/{address}").mkdir(parents=True)
+        (root / f"bus/pci/devices/{address}/numa_node").write_text(numa_node + "\n")
+    return root
+
+
+def test_numa_nodes_of_cpus_and_gpus_from_sysfs(tmp_path: Path) -> None:
+    from nodescale.doctor import numa
+
+    sys_root = fake_sysfs(tmp_path, {0: "0-3,8-11", 1: "4-7,12-15"}, {"0000:3b:00.0": "0", "0000:dc:00.0": "-1"})
+    nodes = numa.node_cpus(sys_root)
+    assert nodes == {0: {0, 1, 2, 3, 8, 9, 10, 11}, 1: {4, 5, 6, 7, 12, 13, 14, 15}}
+    assert numa.nodes_of_cpus([4, 5], nodes) == [1] and numa.nodes_of_cpus(range(16), nodes) == [0, 1]
+    assert numa.gpu_node(numa.pci_address(0, 0x3B, 0), sys_root) == 0
+    assert numa.gpu_node("0000:dc:00.0", sys_root) is None  # -1: the kernel does not know
+    assert numa.gpu_node("0000:01:00.0", sys_root) is None  # no such device
+    assert numa.parse_cpulist("0-1,x") == set() and numa.parse_cpulist("") == set()
+
+
+def test_rank_whose_cpus_are_not_on_its_gpus_numa_node_warns() -> None:
+    from nodescale.doctor import numa
+
+    facts = job(2, numa_node_count=2, numa_nodes=[0])
+    facts[0] = replace(facts[0], gpu_numa_node=0)
+    facts[1] = replace(facts[1], gpu_numa_node=1)
+    row = numa.check_locality(facts)
+    assert row.status == WARN and "rank 1 on node0: CPUs on NUMA node 0, its GPU on node 1" in row.detail
+    assert "rank 0" not in row.detail
+    facts[1] = replace(facts[1], numa_nodes=[0, 1])  # unbound: may run on either node
+    assert numa.check_locality(facts).detail == "rank 1 may run on NUMA nodes 0-1, not only their GPU's"
+    facts[1] = replace(facts[1], numa_nodes=[1])
+    assert numa.check_locality(facts) == Check("cpu.numa", OK, "ranks 0-1: CPUs on their GPU's NUMA node")
+    assert numa.check_locality(job(2, numa_node_count=1, numa_nodes=[0])).detail.startswith("one NUMA node")
+    assert "no GPU on a known NUMA node" in numa.check_locality(job(2, numa_node_count=2, numa_nodes=[0])).detail

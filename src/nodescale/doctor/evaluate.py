@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nodescale.doctor import bandwidth, consistency, launch_math, names, network
+from nodescale.doctor import bandwidth, consistency, launch_math, names, network, numa
 from nodescale.doctor.check import FAIL, Check, fail, merge_rank_rows
 from nodescale.doctor.facts import RankFacts
 
@@ -61,6 +61,7 @@ def before_collective(facts: Mapping[int, RankFacts], world_size: int, missing: 
     rows += consistency.check_versions(facts)
     rows += consistency.check_devices(facts, backend)
     rows.append(consistency.check_affinity(facts))
+    rows.append(numa.check_locality(facts))
     return ordered(rows)
 
 

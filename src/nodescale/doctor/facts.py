@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from nodescale.distributed.env import DistEnv
-from nodescale.doctor import host, names
+from nodescale.doctor import host, names, numa
 
 # Scheduler variables the launch checks compare with the run (only these are sent: the rest of
 # a job's environment may hold tokens and has no business in a report).
@@ -65,6 +65,9 @@ class RankFacts:
     backends_available: list[str] = field(default_factory=list)
     cpu_affinity: list[int] = field(default_factory=list)
     cpu_count: int = 0
+    numa_nodes: list[int] = field(default_factory=list)  # the NUMA nodes of cpu_affinity
+    numa_node_count: int = 0  # on this host (0: not Linux, or no sysfs)
+    gpu_numa_node: int | None = None  # this rank's GPU's node; None: no GPU, or the kernel does not know
     torch_version: str = ""
     cuda_version: str | None = None
     hip_version: str | None = None
@@ -102,6 +105,8 @@ def gather(env: DistEnv, requested_backend: str, environ: Mapping[str, str] | No
     facts.host_resolved, _ = host.resolve(facts.host, RESOLVE_TIMEOUT_S)
     facts.cpu_affinity = host.cpu_affinity()
     facts.cpu_count = os.cpu_count() or len(facts.cpu_affinity)
+    nodes = numa.node_cpus()
+    facts.numa_node_count, facts.numa_nodes = len(nodes), numa.nodes_of_cpus(facts.cpu_affinity, nodes)
     facts.python_version = sys.version.split()[0]
     facts.python_executable = sys.executable
     facts.interfaces = host.interfaces()
@@ -156,6 +161,9 @@ def _torch_facts(env: DistEnv, requested_backend: str, facts: RankFacts) -> None
             facts.device_memory_bytes = int(properties.total_memory)
             uuid = getattr(properties, "uuid", None)
             facts.device_uuid = str(uuid) if uuid is not None else None
+            if hasattr(properties, "pci_bus_id"):  # CUDA builds of recent torch (ROCm: where it has them)
+                facts.gpu_numa_node = numa.gpu_node(numa.pci_address(
+                    properties.pci_domain_id, properties.pci_bus_id, properties.pci_device_id))
     except Exception as exc:  # CUDA driver/runtime mismatches raise here on the broken node only
         facts.problems.append(f"CUDA device query failed: {exc}")
         facts.device = "cpu"

@@ -81,8 +81,8 @@ def print_tables(doc: Mapping[str, Any], stream: Any = None) -> None:
     console.print(checks)
     ranks = Table(title="ranks", title_justify="left", caption="GB/s = 1e9 bytes/s; busbw = algbw x 2(n-1)/n "
                   "(nccl-tests), each rank's own clock", caption_justify="left")
-    for column in ("rank", "local", "node", "host", "address", "device", "memory", "CPUs", "torch", "CUDA", "NCCL",
-                   "Python", "busbw GB/s"):
+    for column in ("rank", "local", "node", "host", "address", "device", "memory", "CPUs", "NUMA CPUs/GPU", "torch",
+                   "CUDA", "NCCL", "Python", "busbw GB/s"):
         ranks.add_column(column, overflow="fold")
     for rank in doc["ranks"]:
         ranks.add_row(*_rank_cells(rank, doc["world_size"]))
@@ -101,8 +101,11 @@ def _rank_cells(rank: Mapping[str, Any], world_size: int) -> list[str]:
         bandwidth = f"{busbw_gbps(int(measured['bytes']), float(measured['seconds']), world_size):.2f}"
     else:
         bandwidth = "-"
+    gpu_node = rank.get("gpu_numa_node")
+    numa = f"{rank_ranges(rank.get('numa_nodes') or []) or '?'}/{'-' if gpu_node is None else gpu_node}"
     return [str(rank["rank"]), str(rank["local_rank"]), str(rank["node_rank"]), rank["host"],
             rank.get("address") or "?", device, memory, rank_ranges(rank.get("cpu_affinity") or []),
+            numa,
             rank.get("torch_version") or "?",
             rank.get("cuda_version") or rank.get("hip_version") or "-", rank.get("nccl_version") or "-",
             rank.get("python_version") or "?", bandwidth]
