@@ -55,15 +55,34 @@ def test_a_host_copy_keeps_the_state_of_the_moment_it_was_taken() -> None:
     assert copied["model"]._metadata == state["model"]._metadata  # what load_state_dict reads versions from
 
 
+def test_a_staged_sharded_checkpoint_on_several_nodes_is_refused(tmp_path: Path) -> None:
+    from nodescale.engine import checkpoint_stage
+    from nodescale.errors import UserError
+
+    checkpoint_stage.check_one_node(1, True, tmp_path)
+    checkpoint_stage.check_one_node(4, False, tmp_path)  # a full file: rank 0 writes and copies it
+    with pytest.raises(UserError, match="sharded checkpoint on 4 nodes") as raised:
+        checkpoint_stage.check_one_node(4, True, tmp_path)
+    assert "--checkpoint-format full" in raised.value.hint
+    # one staging folder per run directory: two runs named alike on one node's disk never meet
+    assert checkpoint_stage.staged_run_dir(tmp_path, Path("/a/run")) != checkpoint_stage.staged_run_dir(
+        tmp_path, Path("/b/run"))
+
+
 pytestmark = pytest.mark.multiproc
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])  # rank 0 writes a host copy; DCP's async_save writes shards
+# ddp: rank 0 writes a host copy; fsdp: DCP's async_save writes shards; staged: to local disk, then copied
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "ddp-staged"])
 def test_a_run_resumed_from_a_background_checkpoint_ends_with_the_uninterrupted_weights(tmp_path: Path,
                                                                                        strategy: str) -> None:
-    args = [*ARGS, "--strategy", strategy]
-    run_cli([*args, "--out", "whole"], cwd=tmp_path)
+    args = [*ARGS, "--strategy", strategy.removesuffix("-staged")]
+    stage = tmp_path / "local-disk"
+    run_cli([*args, "--out", "whole", *(["--checkpoint-stage", str(stage)] if "staged" in strategy else [])],
+            cwd=tmp_path)
     whole = tmp_path / "whole"
+    if "staged" in strategy:  # each staged checkpoint deleted once copied into the run directory
+        assert [p.name for p in stage.glob("*/checkpoints/*")] == [], sorted(stage.rglob("*"))
     assert [r["step"] for r in read_metrics(whole) if r["kind"] == "checkpoint"] == [4, 8]
     found = checkpoint_files.list_checkpoints(whole)
     assert [step for step, _ in found] == [4, 8]
@@ -109,3 +128,20 @@ def test_a_background_write_that_fills_the_disk_is_the_plain_full_disk_error(sma
     assert "step 1 is whole" in text
     left = sorted(p.name for p in (small_disk / "run" / "checkpoints").iterdir())
     assert left == ["step-00000001.manifest.json", "step-00000001.pt"]
+
+
+def test_a_job_killed_while_a_staged_checkpoint_is_copied_resumes_from_the_previous_one(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
+               str(tmp_path / "run"), "fsdp", "stage-kill"]
+    result = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=240)
+    assert result.returncode != 0
+    assert result.stdout.count("step 6 taken while step 4 was being written") == 2, result.stdout + result.stderr
+    # Step 4 is whole on the local disk; its copy stalled before its manifest, so the run directory has none.
+    staged = next((tmp_path / "run-stage").glob("run-*/checkpoints/step-00000004"))
+    assert checkpoint_files.verify(staged) is None
+    partial = checkpoint_files.partial_dir(tmp_path / "run", 4)
+    assert partial.is_dir() and not (partial / manifest.DIRECTORY_MANIFEST).exists()
+    assert not checkpoint_files.sharded_checkpoint_path(tmp_path / "run", 4).exists()
+    state, path = checkpoint_files.load_newest(tmp_path / "run")
+    assert path.name == "step-00000002" and state["position"]["global_step"] == 2
+    assert checkpoint_files.verify(path) is None

@@ -6,12 +6,15 @@
 * ``kill``: background saves; the step-4 save's files stall in ``os.fsync`` (as on a busy parallel
   file system); two more steps are taken, then the process SIGKILLs itself.
 * ``resume``: background saves, after loading the newest whole checkpoint.
+* ``stage-kill``: saves that wait, to ``checkpoint_stage=OUT-stage``; the step-4 copy into OUT stalls in
+  ``os.fsync``; once it does, two more steps are taken, then the process SIGKILLs itself.
 """
 
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -21,15 +24,19 @@ import nodescale
 
 out, strategy, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 real_fsync = os.fsync
+staged = mode == "stage-kill"
 
 
 def stalled_fsync(fd: int) -> None:
-    if "step-00000004" in os.readlink(f"/proc/self/fd/{fd}"):  # not the step-2 save, maybe still in flight
+    path = os.readlink(f"/proc/self/fd/{fd}")
+    if "step-00000004" in path and not (staged and "-stage/" in path):  # not the step-2 save, nor the local one
         time.sleep(120)
     real_fsync(fd)
 
 
-ctx = nodescale.init(strategy=strategy, seed=0, out=out, checkpoint_async=mode != "sync", keep_last=3)
+ctx = nodescale.init(strategy=strategy, seed=0, out=out, checkpoint_async=mode not in ("sync", "stage-kill"),
+                     keep_last=3,
+                     checkpoint_stage=out + "-stage" if staged else None)
 model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
 model, optimizer = ctx.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.01))
 state = {"model": model, "optimizer": optimizer}
@@ -41,11 +48,13 @@ while ctx.global_step < 6:
     x, y = torch.randn(8, 16, generator=generator), torch.randint(0, 4, (8,), generator=generator)
     ctx.backward(F.cross_entropy(model(x), y))
     ctx.step(optimizer)
-    if mode == "kill" and step == 6:  # before its save, which would wait for step 4's
+    if mode.endswith("kill") and step == 6:  # before its save, which would wait for step 4's
+        while staged and not any(Path(out).glob("checkpoints/step-00000004.partial/*")):  # rank 0's copy began
+            time.sleep(0.05)
         print(f"rank {ctx.rank}: step 6 taken while step 4 was being written", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     if step % 2 == 0:
-        if mode == "kill":
+        if mode.endswith("kill"):
             os.fsync = stalled_fsync
         ctx.save_checkpoint(state)
 ctx.close()

@@ -54,6 +54,7 @@ FLAGS = (
     Flag("--checkpoint-every", "checkpoint.every"),
     Flag("--keep-last", "checkpoint.keep_last"),
     Flag("--checkpoint-format", "checkpoint.format"),
+    Flag("--checkpoint-stage", "checkpoint.stage"),
     Flag("--max-restarts", "checkpoint.max_restarts"),
     Flag("--out", "out"),
     Flag("--log", "observe.log"),

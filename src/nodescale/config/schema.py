@@ -107,6 +107,10 @@ class CheckpointSection(Section):
         False, description="write checkpoints in the background: training goes on once the state is copied to "
         "host memory; one save at a time, the manifest only when every file is on disk"
     )
+    stage: Path | None = Field(
+        None, description="save checkpoints to this node-local directory first, then copy them to the run "
+        "directory in the background (the manifest there once the copy is on disk; the job's end waits for it)"
+    )
 
 
 # Metric loggers: the module each needs and the optional extra that installs it.

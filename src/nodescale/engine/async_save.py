@@ -32,6 +32,8 @@ class BackgroundSaves:
 
     def __init__(self, record: Callable[[dict[str, Any]], None]) -> None:
         self._record = record  # the run's metrics log, written on the training thread only
+        # --checkpoint-stage: after the write, its copy into the run directory (step, staged path -> final path)
+        self.after: Callable[[int, Path], Path] | None = None
         self._thread: threading.Thread | None = None
         self._step = 0
         self._outcome: Path | BaseException | None = None
@@ -49,7 +51,8 @@ class BackgroundSaves:
         """Run ``write`` (this rank's part of checkpoint ``step``; returns its path) in the background."""
         def run() -> None:
             try:
-                self._outcome = write()
+                written = write()
+                self._outcome = self.after(step, written) if self.after else written
             except BaseException as error:  # raised on the training thread by wait()
                 self._outcome = error
 
@@ -108,7 +111,7 @@ def start_full(saves: BackgroundSaves, run_dir: Path, step: int, runtime: Runtim
         error = None
         if runtime.is_main:
             error = _caught(lambda: checkpoint_files.save(run_dir, step, staged, keep_last))
-        _agree(_as_reported(error, run_dir, step, runtime.is_main), group, step)
+        agree(_as_reported(error, run_dir, step, runtime.is_main), group, step)
         return checkpoint_files.checkpoint_path(run_dir, step)
 
     saves.start(step, write)
@@ -128,9 +131,9 @@ def start_sharded(saves: BackgroundSaves, run_dir: Path, step: int, runtime: Run
 
     def write() -> Path:
         # Every rank's shards written and synced (DCP syncs each file) before the manifest lists them.
-        _agree(_as_reported(_caught(shards.result), run_dir, step, runtime.is_main), group, step)
+        agree(_as_reported(_caught(shards.result), run_dir, step, runtime.is_main), group, step)
         try:
-            return checkpoint_files.finish_sharded(run_dir, step, runtime.is_main, lambda: _agree(None, group, step),
+            return checkpoint_files.finish_sharded(run_dir, step, runtime.is_main, lambda: agree(None, group, step),
                                                    lambda: staged, keep_last, group)
         except BaseException as error:
             raise _as_reported(error, run_dir, step, runtime.is_main) from error
@@ -152,7 +155,7 @@ def _as_reported(error: BaseException | None, run_dir: Path, step: int, is_main:
     return None if error is None else disk_space.as_full_error(error, run_dir, step, is_main)
 
 
-def _agree(error: BaseException | None, group: Any, step: int) -> None:
+def agree(error: BaseException | None, group: Any, step: int) -> None:
     """Every rank of ``group``: raise this rank's error, else the first other rank's, so that all stop together."""
     others = all_gather(_portable(error), group) if group is not None else []
     if error is not None:

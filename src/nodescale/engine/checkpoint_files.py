@@ -105,7 +105,7 @@ def save(run_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Pat
     write_atomic(path, lambda handle: torch.save({"format": FORMAT, **state}, handle))
     # Read back from the page cache: the checksum is of what the file system holds.
     manifest.write(_manifest_of(path), manifest.describe_files(path.parent, [path.name]))
-    _prune(run_dir, keep_last)
+    prune(run_dir, keep_last)
     return path
 
 
@@ -161,7 +161,7 @@ def publish_sharded(run_dir: Path, step: int, keep_last: int) -> Path:
         shutil.rmtree(stale, ignore_errors=True)
     else:
         partial.rename(final)
-    _prune(run_dir, keep_last)
+    prune(run_dir, keep_last)
     return final
 
 
@@ -204,7 +204,7 @@ def finish_sharded(run_dir: Path, step: int, is_main: bool, barrier: Callable[[]
     return final
 
 
-def _prune(run_dir: Path, keep_last: int) -> None:
+def prune(run_dir: Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` checkpoints, and what killed saves left behind."""
     for _, old in list_checkpoints(run_dir)[:-keep_last]:
         if old.is_dir():

@@ -21,7 +21,7 @@ from torch import nn
 from nodescale.config.schema import RunConfig
 from nodescale.data.epoch_loader import EpochLoader
 from nodescale.distributed.process_group import Runtime, barrier, gather_from_all
-from nodescale.engine import async_save, checkpoint_files, disk_space
+from nodescale.engine import async_save, checkpoint_files, checkpoint_stage, disk_space
 from nodescale.engine.async_save import BackgroundSaves
 from nodescale.errors import UserError
 from nodescale.strategies.base import Strategy, Updater
@@ -70,16 +70,36 @@ def save(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, pre
     saves.wait()  # one save in flight at a time
     if runtime.is_main:
         disk_space.warn_if_short(directory, step)
+    written_to = directory if cfg.checkpoint.stage is None else _stage(cfg, runtime, prepared, saves, directory)
     try:
-        path = _write(items, step, runtime, cfg, prepared, directory, library, saves if background else None)
+        path = _write(items, step, runtime, cfg, prepared, written_to, library, saves if background else None)
     except BaseException as error:  # DCP's CheckpointException is a BaseException
-        reported = disk_space.as_full_error(error, directory, step, runtime.is_main)
+        reported = disk_space.as_full_error(error, written_to, step, runtime.is_main)
         if reported is error:
             raise
         raise reported from error
+    if written_to != directory:
+        if not background:
+            saves.start(step, lambda: path)  # written: only the copy into the run directory runs behind
+        return checkpoint_stage.run_dir_path(path, directory)
     if not background:
         saves.published(step, path)
     return path
+
+
+def _stage(cfg: RunConfig, runtime: Runtime, prepared: Prepared | None, saves: BackgroundSaves,
+           directory: Path) -> Path:
+    """Every rank, before a staged save (``--checkpoint-stage``): where it writes; the copy that follows it."""
+    stage = cfg.checkpoint.stage
+    assert stage is not None
+    sharded = prepared is not None and checkpoint_files.is_sharded_format(cfg.checkpoint.format,
+                                                                          prepared.strategy.shards_state)
+    checkpoint_stage.check_one_node(runtime.env.num_nodes, sharded, stage)
+    group = saves.group()  # a collective, on the training thread: the copy's agreement runs in the background
+    saves.after = checkpoint_stage.copier(
+        directory, cfg.checkpoint.keep_last, runtime.is_main, lambda error, step: async_save.agree(error, group, step),
+        lambda error, step: disk_space.as_full_error(error, directory, step, runtime.is_main))
+    return checkpoint_stage.staged_run_dir(stage, directory)
 
 
 def _write(items: dict[str, Any], step: int, runtime: Runtime, cfg: RunConfig, prepared: Prepared | None,

@@ -28,7 +28,7 @@ _KEYS = {
     "heartbeat_timeout_s": ("train", "heartbeat_timeout_s"), "timing_warmup_steps": ("train", "timing_warmup_steps"),
     "grad_clip": ("optim", "grad_clip"),
     "checkpoint_format": ("checkpoint", "format"), "keep_last": ("checkpoint", "keep_last"),
-    "checkpoint_async": ("checkpoint", "async_save"),
+    "checkpoint_async": ("checkpoint", "async_save"), "checkpoint_stage": ("checkpoint", "stage"),
     "log": ("observe", "log"),
 }
 OPTIONS = tuple(_KEYS)
