@@ -7,6 +7,7 @@ machines have), so the failure is the kernel's ENOSPC, met by torch's writers.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import warnings
 from collections.abc import Iterator
@@ -62,6 +63,9 @@ def test_a_full_disk_ends_the_run_with_the_step_that_is_whole(strategy: str, sma
     assert "nodescale: error (rank" in last_lines and f"in {run_dir / 'checkpoints'}: " in last_lines, last_lines
     assert f"step {whole[-1]} is whole" in last_lines and "--max-restarts" not in result.stderr, last_lines
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    # what the new save needed and what was left; and the warning before it
+    assert re.search(r"\(about 0\.\d\d MB needed, 0\.\d\d MB free\)", last_lines), last_lines
+    assert f"checkpoint step {whole[-1] + 10} needs about" in result.stderr, result.stderr[-3000:]
     if strategy == "ddp":  # with room again, --resume goes on from that step and finishes
         subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)
         run_cli([*args, "--resume"], cwd=small_disk.parent)

@@ -81,10 +81,11 @@ def out_of_space(error: BaseException) -> str | None:
 def full_error(run_dir: Path, step: int, what_ran_out: str) -> UserError:
     """The error for a save of ``step`` that ran out of room, naming the step that is still whole."""
     directory = checkpoint_files.checkpoint_dir(run_dir)
-    whole = [found for found, _ in checkpoint_files.list_checkpoints(run_dir) if found != step]
+    whole = [(found, path) for found, path in checkpoint_files.list_checkpoints(run_dir) if found != step]
     free = free_bytes(directory)
-    rule = what_ran_out + (f" ({_mb(free)} free)" if free is not None else "")
-    kept = (f"step {whole[-1]} is whole: make room, then run again with --resume" if whole
+    needed = f"about {_mb(size_bytes(whole[-1][1]))} needed, " if whole else ""  # the last one's size
+    rule = what_ran_out + (f" ({needed}{_mb(free)} free)" if free is not None else "")
+    kept = (f"step {whole[-1][0]} is whole: make room, then run again with --resume" if whole
             else "no checkpoint was saved yet")
     return UserError(f"checkpoint step {step} in {directory}", rule,
                      f"{kept}; --keep-last 1 keeps fewer, --out puts the run on a larger file system")
