@@ -96,7 +96,8 @@ def gather(env: DistEnv, requested_backend: str, environ: Mapping[str, str] | No
     """This rank's facts, for the ``requested_backend`` (auto, gloo or nccl)."""
     environ = os.environ if environ is None else environ
     facts = RankFacts(
-        **env.place(), source=env.source, launcher=launcher_of(env.source, environ), host=socket.gethostname(), pid=os.getpid(),
+        **env.place(), source=env.source, launcher=launcher_of(env.source, environ), host=socket.gethostname(),
+        pid=os.getpid(),
         master_addr=env.master_addr, master_port=env.master_port,
     )
     facts.master_resolved, facts.master_error = host.resolve(env.master_addr, RESOLVE_TIMEOUT_S)
