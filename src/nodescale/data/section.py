@@ -24,7 +24,18 @@ class DataSection(Section):
     val_fraction: float = Field(
         0.2, gt=0.0, lt=1.0, description="share held out for validation when the dataset has no test split"
     )
-    num_workers: int = Field(0, ge=0, description="DataLoader worker processes for datasets read from files")
+    num_workers: int | None = Field(
+        None, ge=0, description="DataLoader worker processes per rank for datasets read from files; default: the "
+        "CPUs of the rank's binding (shared among the node's ranks that overlap) less one, at most 16"
+    )
+    decode: Literal["cpu", "gpu"] = Field(
+        "cpu", description="imagefolder/shards: decode JPEGs in the DataLoader workers (cpu) or on the rank's GPU "
+        "through torchvision (gpu)"
+    )
+    augment: bool = Field(
+        False, description="image datasets: a seeded random resized crop and horizontal flip per training sample "
+        "(on the device for in-memory and GPU-decoded batches, in the workers otherwise)"
+    )
     samples: int = Field(2048, ge=1, description="synthetic/regression: number of training samples")
     image_size: int | None = Field(
         None, ge=1, description="synthetic: side of the square images; imagefolder: centre-crop and resize to this side"
