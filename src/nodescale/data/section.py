@@ -105,6 +105,41 @@ class DataSection(Section):
             raise UserError(f"data window or stride {value}", "sizes must be at least 1", "e.g. time:4,lat:32")
         return value
 
+    normalise: Literal["none", "train"] = Field(
+        "none", description="zarr: standardise each variable by its mean and std over the training split (train, "
+        "computed once per node a slab of chunks at a time, cached) or not (none)"
+    )
+    stats: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="zarr: a variable's mean and std given, e.g. t2m:278.5:21.3,tp:0.4:1.1 "
+        "(used instead of computing them; with data.normalise=train)"
+    )
+
+    @field_validator("stats", mode="before")
+    @classmethod
+    def _stats(cls, value: object) -> object:
+        """``t2m:278.5:21.3,tp:0:1`` (the form --set reads best) as the mapping a config file writes."""
+        if not isinstance(value, str):
+            return value
+        stats = {}
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            name, *figures = (f.strip() for f in part.split(":"))
+            try:
+                mean, std = (float(f) for f in figures)
+            except ValueError:
+                raise UserError(f"data.stats {part!r}", "must be VARIABLE:MEAN:STD, comma-separated",
+                                "e.g. --set data.stats=t2m:278.5:21.3,tp:0.4:1.1") from None
+            stats[name] = (mean, std)
+        return stats
+
+    @field_validator("stats")
+    @classmethod
+    def _positive_std(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for name, (mean, std) in value.items():
+            if not (std > 0 and abs(mean) < float("inf") and std < float("inf")):
+                raise UserError(f"data.stats {name}:{mean}:{std}", "needs a finite mean and a positive, finite std",
+                                "give each variable's mean and standard deviation")
+        return value
+
     order: Literal["shuffled", "sequential"] = Field(
         "shuffled", description="training order: a new seeded order each epoch, or the stored order (for tests "
         "and equality checks)"
