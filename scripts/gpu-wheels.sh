@@ -15,4 +15,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     "pydantic==$(python3 -c 'import pydantic; print(pydantic.VERSION)')" \
     "pydantic-core==$(python3 -c 'import pydantic_core; print(pydantic_core.__version__)')" \
     annotated-types==0.7.0 typing-inspection==0.4.2
+# --decode gpu needs torchvision; where the GPU image lacks it: TORCHVISION=<the version built for its torch>.
+if [[ -n "${TORCHVISION:-}" ]]; then
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${platforms[@]}" -d .whl "torchvision==$TORCHVISION"
+fi
 ls .whl

@@ -20,7 +20,7 @@ import zarr
 
 from conftest import cli_env, final_weights, max_difference, read_summary
 from nodescale.cli.main import main
-from nodescale.data import gridded
+from nodescale.data import gridded, gridded_stats
 from nodescale.data.grid import split_grids
 from nodescale.data.registry import get_format
 from nodescale.data.section import DataSection
@@ -209,3 +209,55 @@ def test_a_directory_that_is_no_store_and_a_missing_library_say_what_to_do(tmp_p
     monkeypatch.setitem(sys.modules, "zarr", None)  # as if it were not installed
     with pytest.raises(UserError, match=r"(?s)needs the zarr package.*pip install 'nodescale\[science\]'"):
         get_format("zarr").check(config(tmp_path))
+
+
+# ---------------------------------------------------------------- normalisation
+
+
+@pytest.mark.parametrize("kind", ["zarr", "netcdf"])
+def test_normalise_train_standardises_each_variable_by_its_training_split(
+        stores: dict[str, Path], fields: dict[str, np.ndarray], kind: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("NODESCALE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(gridded_stats, "SLAB_BYTES", 1)  # one chunk (4 times) a slab: five slabs combined
+    cfg = config(stores[kind], normalise="train")
+    get_format("zarr").prepare(cfg)  # once per node: computed and cached
+    monkeypatch.setattr(gridded_stats, "compute", None)  # the ranks read the cache
+    splits = get_format("zarr").load(cfg, seed=0)
+    train = np.s_[0:20]  # the validation block (times 20-23) is left out
+    figures = {name: (values[train].astype("f8").mean(), values[train].astype("f8").std())
+               for name, values in fields.items()}
+    assert splits.train.scale == [pytest.approx(figures[n], rel=1e-9) for n in ("t2m", "u10", "tp")]
+    for dataset in (splits.train, splits.val):
+        x, y = dataset[len(dataset) - 1]
+        t, lat, lon = (s.start for s in dataset.grid.window_region(dataset.grid.locate(len(dataset) - 1)[1]))
+        cut = np.s_[t:t + 2, lat:lat + 8, lon:lon + 8]
+        (mt, st), (mu, su), (mp, sp) = (figures[n] for n in ("t2m", "u10", "tp"))
+        np.testing.assert_allclose(x.numpy(), np.concatenate([(fields["t2m"][cut] - mt) / st,
+                                                              (fields["u10"][cut] - mu) / su]), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(y.numpy(), (fields["tp"][cut] - mp) / sp, rtol=1e-5, atol=1e-6)
+
+
+def test_given_stats_are_used_without_reading_and_bad_ones_are_refused(stores: dict[str, Path], tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    monkeypatch.setenv("NODESCALE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(gridded_stats, "compute", None)
+    cfg = config(stores["zarr"], normalise="train", stats="t2m:1:2, u10:0:0.5,tp:-1:4")
+    fmt = get_format("zarr")
+    fmt.prepare(cfg)
+    assert fmt.load(cfg, seed=0).train.scale == [(1.0, 2.0), (0.0, 0.5), (-1.0, 4.0)]
+    with pytest.raises(UserError, match="data.stats variable 'sst': is neither an input nor a target"):
+        fmt.check(config(stores["zarr"], stats="sst:0:1"))
+    for bad, words in (("t2m:1", "must be VARIABLE:MEAN:STD"), ("t2m:0:0", "a positive, finite std"),
+                       ("t2m:x:1", "must be VARIABLE:MEAN:STD")):
+        with pytest.raises(UserError, match=words):
+            config(stores["zarr"], stats=bad)
+
+
+def test_a_constant_variable_cannot_be_standardised(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("NODESCALE_CACHE_DIR", str(tmp_path / "cache"))
+    group = zarr.open_group(tmp_path / "c.zarr", mode="w")
+    for name, values in (("land", np.ones((8, 4, 4), "f4")), ("t", np.arange(128, dtype="f4").reshape(8, 4, 4))):
+        group.create_array(name, shape=values.shape, chunks=(4, 4, 4), dtype="f4", dimension_names=DIMS)[:] = values
+    cfg = config(tmp_path / "c.zarr", inputs="land,t", targets="t", window="time:2", normalise="train")
+    with pytest.raises(UserError, match=r"(?s)variable .land. of .*c.zarr: is constant .* --set data.stats=land:MEAN:STD"):
+        get_format("zarr").prepare(cfg)

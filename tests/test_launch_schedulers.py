@@ -416,3 +416,27 @@ def test_pbs_job_runs_its_command_in_the_container(flavour: str, tmp_path: Path,
     assert "module load cuda" in job.output
     assert "STAND-IN singularity image=/images/torch.sif binds=/scratch,/data:/mnt/data" in job.output, job.output
     assert "RAN in /images/torch.sif as arg0" in job.output, job.output
+
+
+def test_slurm_data_pack_splits_the_shards_across_tasks_as_one_process_packs_them(slurm: SlurmCluster,
+                                                                                   tmp_path: Path) -> None:
+    from PIL import Image
+
+    for name in ("ant", "bee"):
+        (tmp_path / "folder" / name).mkdir(parents=True)
+        for i in range(6):
+            Image.new("RGB", (8, 8), (40 * i, 20, 255 - 40 * i)).save(tmp_path / "folder" / name / f"{i}.png")
+    pack = ["nodescale", "data", "pack", "folder", "--shard-size", "2KB", "--workers", "1"]
+    result = launch_slurm(tmp_path, "--nodes", "2", "--gpus-per-node", "1", "--nproc-per-node", "1", "--mode",
+                          "per-gpu", command=[*pack, "--out", "job"])
+    job_id, _, log = submitted(result.stdout)
+    output = finish(slurm, job_id, log)
+    # Two tasks packed (each its shards i, i + 2, ...); whichever saw every shard's record wrote the manifest.
+    assert output.count("another task writes the manifest") + output.count("nodescale: wrote") == 2, output
+    run_cli([*pack[1:], "--out", "alone"], cwd=tmp_path)
+    shards = sorted(p.name for p in (tmp_path / "alone").glob("*.tar"))
+    assert len(shards) >= 4 and shards == sorted(p.name for p in (tmp_path / "job").glob("*.tar"))
+    for name in shards:
+        assert (tmp_path / "job" / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()
+    job, alone = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("job", "alone"))
+    assert job == alone

@@ -73,6 +73,8 @@ FLAGS = (
     Flag("--checkpoint-async", "checkpoint.async_save", switch=True),
     Flag("--monitor", "observe.monitor", switch=True),
     Flag("--skip-bad-samples", "data.skip_bad_samples", switch=True),
+    Flag("--decode", "data.decode"),
+    Flag("--augment", "data.augment", switch=True),
     Flag("--no-progress", "train.progress", switch=False,
          help="no progress bar: plain lines per log interval and per epoch"),
 )

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from nodescale.data.arrays import WholeBatchDataset, copy_to_device
 from nodescale.data.sharding import ShardPlan, window_totals
+from nodescale.errors import UserError
 
 # Arrays up to this size are moved to the accelerator once, so batches are cut on the
 # device with no host work per step (digits, MNIST, CIFAR-10 all fit).
@@ -51,6 +52,7 @@ class EpochLoader:
     def __init__(self, dataset: Dataset, plan: ShardPlan, *, pad: bool, drop_last: bool, grad_accum: int,
                  device: torch.device, on_batch: Callable[[DrawnBatch], None] | None = None,
                  channels_last: bool = False, clock: Callable[[], float] | None = None,
+                 decode: Callable[[Any], Any] | None = None, augment: Callable[..., torch.Tensor] | None = None,
                  **loader_options: Any) -> None:
         self.plan = plan
         self.pad = pad  # keep every rank at the same step count (training); False: evaluation shards
@@ -60,6 +62,8 @@ class EpochLoader:
         self.on_batch = on_batch
         self.channels_last = channels_last  # 4-D inputs in channels_last layout (stored so when resident)
         self.clock = clock or time.perf_counter  # the run's training time: saves and evaluation left out
+        self.decode = decode  # a batch as the workers left it -> its inputs decoded on the device (--decode gpu)
+        self.augment = augment  # (inputs, epoch, indices) -> augmented inputs, on the device
         self.epoch = 0
         self.batch_in_epoch = 0  # batches of this epoch already drawn: the resume point
         # Where the next iteration starts: an epoch's end, a loaded position or set_epoch. An iteration
@@ -126,11 +130,19 @@ class EpochLoader:
         if self._cut is not None:
             batches: Iterator[Any] = map(self._cut, _indices_on(self.dataset, kept))
         else:
-            self._batches.batches = [indices.tolist() for indices in kept]
+            keyed = getattr(self.dataset, "keyed_by_epoch", False)  # augmenting in the workers needs the epoch
+            self._batches.batches = [[(epoch, i) for i in indices.tolist()] if keyed else indices.tolist()
+                                     for indices in kept]
             batches = iter(self.loader)
         for offset in range(len(kept)):
             waited = time.perf_counter()
-            data = self._shaped(to_device(next(batches), self.device))
+            data = _from_workers(batches)
+            if self.decode is not None:
+                data = self.decode(data)
+            data = to_device(data, self.device)
+            if self.augment is not None:
+                data[0] = self.augment(data[0], epoch, kept[offset])
+            data = self._shaped(data)
             self.wait_seconds += time.perf_counter() - waited
             index = start + offset
             self.real_count = planned[offset].real_count if self.pad else len(kept[offset])
@@ -195,6 +207,24 @@ class PlannedBatches:
 
     def __len__(self) -> int:
         return len(self.batches)
+
+
+def _from_workers(batches: Iterator[Any]) -> Any:
+    """The next batch; a ``UserError`` raised in a DataLoader worker stays one (exit code 2, no traceback).
+
+    The DataLoader re-raises a worker's exception by calling its type with one message, which
+    ``UserError`` does not take: it would become a RuntimeError holding the worker's traceback.
+    """
+    try:
+        return next(batches)
+    except RuntimeError as err:
+        text = str(err)
+        if not text.startswith("Caught UserError"):
+            raise
+        message = text.rstrip().rsplit("UserError: ", 1)[-1]
+        what_rule, _, hint = message.partition("\n  hint: ")
+        what, _, rule = what_rule.partition(": ")
+        raise UserError(what, rule, hint or None) from None
 
 
 def to_device(data: Any, device: torch.device) -> Any:

@@ -37,6 +37,7 @@ import numpy as np
 
 from nodescale.data.base import DatasetSplits
 from nodescale.data.grid import Grid, block_bytes, split_grids
+from nodescale.data.gridded_stats import variable_stats
 from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
@@ -199,6 +200,11 @@ def inspect(cfg: DataSection) -> Layout:
             raise UserError(f"variables {first.name} and {var.name} of {path}",
                             f"differ in dimensions: {first.describe()}, but {var.describe()}",
                             "choose inputs and targets on one grid")
+    chosen = {var.name for var in (*inputs, *targets)}
+    for name in cfg.stats:
+        if name not in chosen:
+            raise UserError(f"data.stats variable {name!r}", f"is neither an input nor a target ({', '.join(sorted(chosen))})",
+                            "give figures for the variables of data.inputs and data.targets")
     _sizes(cfg.window, first.dims, "window", first)
     _sizes(cfg.stride, first.dims, "stride", first)
     for dim in cfg.stride:
@@ -228,14 +234,21 @@ class GriddedFormat:
         inspect(cfg)
 
     def prepare(self, cfg: DataSection) -> None:
-        """Nothing to prepare: windows are read from the store as needed."""
+        """With ``data.normalise=train``: the variables' mean and std over the training split, cached."""
+        if cfg.normalise == "train":
+            variable_stats(inspect(cfg), cfg.stats, write_cache=True)
 
     def load(self, cfg: DataSection, seed: int) -> DatasetSplits:
         """Both sets; their split depends on the configuration only (``seed`` is not needed)."""
         from nodescale.data.gridded_dataset import WindowDataset
 
         layout = inspect(cfg)
-        return DatasetSplits(WindowDataset(layout, layout.train), WindowDataset(layout, layout.val), layout.spec())
+        scale = None
+        if cfg.normalise == "train":
+            stats = variable_stats(layout, cfg.stats, write_cache=False)
+            scale = [stats[var.name] for var in (*layout.inputs, *layout.targets)]
+        return DatasetSplits(WindowDataset(layout, layout.train, scale), WindowDataset(layout, layout.val, scale),
+                             layout.spec())
 
 
 FORMAT = GriddedFormat()

@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 class WindowDataset(Dataset):
     """The windows of ``grid`` over the layout's variables; ``sample_groups`` tells the plan its blocks."""
 
-    def __init__(self, layout: Layout, grid: Grid) -> None:
+    def __init__(self, layout: Layout, grid: Grid, scale: list[tuple[float, float]] | None = None) -> None:
         self.layout = layout
         self.grid = grid
+        self.scale = scale  # each variable's (mean, std), inputs then targets: standardised as read
         self._variables: list[Any] = []  # the store's handles, opened in this process
         self._pid = -1
         self._block = -1  # the block whose arrays are held, with the element where each starts
@@ -52,6 +53,8 @@ class WindowDataset(Dataset):
                 self._arrays, self._origin, self._block = self._read(region), tuple(s.start for s in region), block
             inside = tuple(slice(s.start - o, s.stop - o) for s, o in zip(window, self._origin, strict=True))
             arrays = [array[inside] for array in self._arrays]
+        if self.scale is not None:
+            arrays = [(a - mean) / std for a, (mean, std) in zip(arrays, self.scale, strict=True)]
         split = len(self.layout.inputs)
         return _stacked(arrays[:split]), _stacked(arrays[split:])
 

@@ -16,8 +16,9 @@ from torch.utils.data import Dataset
 from nodescale.data.imagefolder import MEAN, STD
 from nodescale.errors import UserError
 
-_MEAN = torch.tensor(MEAN).view(3, 1, 1)
-_STD = torch.tensor(STD).view(3, 1, 1)
+# (x / 255 - mean) / std as x * _SCALE + _SHIFT
+_SCALE = 1.0 / (255.0 * torch.tensor(STD).view(3, 1, 1))
+_SHIFT = -torch.tensor(MEAN).view(3, 1, 1) / torch.tensor(STD).view(3, 1, 1)
 
 
 class ImageFolderDataset(Dataset):
@@ -42,11 +43,20 @@ class ImageFolderDataset(Dataset):
             raise UserError(f"{path}", f"cannot be decoded ({err})", "remove or replace the file") from err
         return normalised(pixels), torch.tensor(self.labels[index], dtype=torch.int64)
 
+    def encoded(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The file's bytes, undecoded (``--decode gpu`` decodes a batch of them on the device), and its label."""
+        path = os.path.join(self.root, os.fsdecode(self.paths[index]))
+        with open(path, "rb") as file:
+            data = file.read()
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), torch.tensor(self.labels[index], dtype=torch.int64)
+
 
 def normalised(pixels: np.ndarray) -> torch.Tensor:
     """uint8 RGB ``(H, W, 3)`` as float32 ``(3, H, W)`` standardised with ImageNet's mean and std."""
-    x = torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)
-    return x.sub_(_MEAN).div_(_STD)
+    # Made contiguous while still uint8, then one fused pass: elementwise work on the permuted
+    # (channel-last) strides cost three times the JPEG decode (benchmarks/input_pipeline.py).
+    x = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))).float()
+    return torch.addcmul(_SHIFT, x, _SCALE)
 
 
 def decode(path: str | BinaryIO, image_size: int | None) -> np.ndarray:
@@ -58,7 +68,8 @@ def decode(path: str | BinaryIO, image_size: int | None) -> np.ndarray:
         if image_size is not None:
             # JPEG only: decode at a reduced scale that still covers the target (fast for big photos).
             img.draft("RGB", (image_size, image_size))
-        img = img.convert("RGB")
+        if img.mode != "RGB":  # convert() copies even an RGB image
+            img = img.convert("RGB")
         if image_size is not None and img.size != (image_size, image_size):
             # Centre crop to a square, then resize: no distortion of the aspect ratio.
             img = ImageOps.fit(img, (image_size, image_size), Image.Resampling.BILINEAR)

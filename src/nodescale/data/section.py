@@ -24,7 +24,18 @@ class DataSection(Section):
     val_fraction: float = Field(
         0.2, gt=0.0, lt=1.0, description="share held out for validation when the dataset has no test split"
     )
-    num_workers: int = Field(0, ge=0, description="DataLoader worker processes for datasets read from files")
+    num_workers: int | None = Field(
+        None, ge=0, description="DataLoader worker processes per rank for datasets read from files; default: the "
+        "CPUs of the rank's binding (shared among the node's ranks that overlap) less one, at most 16"
+    )
+    decode: Literal["cpu", "gpu"] = Field(
+        "cpu", description="imagefolder/shards: decode JPEGs in the DataLoader workers (cpu) or on the rank's GPU "
+        "through torchvision (gpu)"
+    )
+    augment: bool = Field(
+        False, description="image datasets: a seeded random resized crop and horizontal flip per training sample "
+        "(on the device for in-memory and GPU-decoded batches, in the workers otherwise)"
+    )
     samples: int = Field(2048, ge=1, description="synthetic/regression: number of training samples")
     image_size: int | None = Field(
         None, ge=1, description="synthetic: side of the square images; imagefolder: centre-crop and resize to this side"
@@ -92,6 +103,41 @@ class DataSection(Section):
     def _positive(cls, value: dict[str, int]) -> dict[str, int]:
         if any(size < 1 for size in value.values()):
             raise UserError(f"data window or stride {value}", "sizes must be at least 1", "e.g. time:4,lat:32")
+        return value
+
+    normalise: Literal["none", "train"] = Field(
+        "none", description="zarr: standardise each variable by its mean and std over the training split (train, "
+        "computed once per node a slab of chunks at a time, cached) or not (none)"
+    )
+    stats: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="zarr: a variable's mean and std given, e.g. t2m:278.5:21.3,tp:0.4:1.1 "
+        "(used instead of computing them; with data.normalise=train)"
+    )
+
+    @field_validator("stats", mode="before")
+    @classmethod
+    def _stats(cls, value: object) -> object:
+        """``t2m:278.5:21.3,tp:0:1`` (the form --set reads best) as the mapping a config file writes."""
+        if not isinstance(value, str):
+            return value
+        stats = {}
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            name, *figures = (f.strip() for f in part.split(":"))
+            try:
+                mean, std = (float(f) for f in figures)
+            except ValueError:
+                raise UserError(f"data.stats {part!r}", "must be VARIABLE:MEAN:STD, comma-separated",
+                                "e.g. --set data.stats=t2m:278.5:21.3,tp:0.4:1.1") from None
+            stats[name] = (mean, std)
+        return stats
+
+    @field_validator("stats")
+    @classmethod
+    def _positive_std(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for name, (mean, std) in value.items():
+            if not (std > 0 and abs(mean) < float("inf") and std < float("inf")):
+                raise UserError(f"data.stats {name}:{mean}:{std}", "needs a finite mean and a positive, finite std",
+                                "give each variable's mean and standard deviation")
         return value
 
     order: Literal["shuffled", "sequential"] = Field(

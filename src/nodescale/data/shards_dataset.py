@@ -89,11 +89,21 @@ class ShardsDataset(Dataset):
                             "pass --set data.image_size=N to crop and resize every image to N x N")
         return x, label
 
+    def encoded(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sample's stored bytes, undecoded (``--decode gpu`` decodes a batch on the device), and its label."""
+        label = torch.tensor(int(self.columns["label"][index]), dtype=torch.int64)
+        if int(self.columns["ext"][index]) == UNREADABLE:  # weighs 0; decoded as a black image
+            return torch.zeros(0, dtype=torch.uint8), label
+        return torch.frombuffer(bytearray(self._bytes(index)), dtype=torch.uint8), label
+
+    def _bytes(self, index: int) -> bytes:
+        path = self.paths[int(self.columns["shard"][index])]
+        return os.pread(self._fd(path), int(self.columns["size"][index]), int(self.columns["offset"][index]))
+
     def decode(self, index: int) -> torch.Tensor:
         """The input of sample ``index``, standardised."""
-        path = self.paths[int(self.columns["shard"][index])]
         ext = DATA_EXTENSIONS[int(self.columns["ext"][index])]
-        data = os.pread(self._fd(path), int(self.columns["size"][index]), int(self.columns["offset"][index]))
+        data = self._bytes(index)
         try:
             if ext in IMAGE_EXTENSIONS:
                 return normalised(decode(io.BytesIO(data), self.image_size))

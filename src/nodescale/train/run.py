@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from nodescale.api import Context
 from nodescale.config.schema import RunConfig
+from nodescale.data.pipeline import input_pipeline
 from nodescale.data.registry import get_format
 from nodescale.distributed.env import DistEnv, detect
 from nodescale.distributed.process_group import Runtime, barrier, start
@@ -111,12 +112,12 @@ def _train(ctx: Context, observers: Observers) -> dict[str, Any]:
     optimizer = make_optimizer(cfg.optim, model, runtime.device)
     model, optimizer = ctx.prepare(model, optimizer)
 
-    batch, workers = cfg.train.batch_size, cfg.data.num_workers
-    pool = {"num_workers": workers, "prefetch_factor": 4} if workers else {}
-    loader = ctx.loader(splits.train, batch, shuffle=cfg.data.order == "shuffled", channels_last=channels_last,
-                        **({**pool, "persistent_workers": True} if workers else {}))
+    batch, data = cfg.train.batch_size, input_pipeline(cfg.data, splits, runtime, cfg.train.seed)
+    pool = {"num_workers": data.workers, "prefetch_factor": 4} if data.workers else {}
+    loader = ctx.loader(data.train, batch, shuffle=cfg.data.order == "shuffled", channels_last=channels_last,
+                        **({**pool, "persistent_workers": True} if data.workers else {}), **data.train_options)
     # Validation workers start per evaluation rather than idling beside the training ones.
-    val_loader = ctx.loader(splits.val, batch, shuffle=False, channels_last=channels_last, **pool)
+    val_loader = ctx.loader(data.val, batch, shuffle=False, channels_last=channels_last, **pool, **data.val_options)
     steps_per_epoch = -(-len(loader) // cfg.train.grad_accum)
     total_steps = cfg.train.epochs * steps_per_epoch
     if cfg.train.max_steps:
