@@ -89,8 +89,10 @@ def test_local_launch_runs_any_command_on_n_processes(tmp_path: Path) -> None:
                       "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_PORT')}))\n")
     result = run_cli(["launch", "--nproc-per-node", "2", "--env", "NODESCALE_TEST=1", "--", "python", str(script)],
                      cwd=tmp_path)
-    seen = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    lines = result.stdout.splitlines()  # rank 0's as it printed them, the others' labelled
+    seen = [json.loads(line.removeprefix("[rank1]: ")) for line in lines if "{" in line]
     assert sorted(int(s["RANK"]) for s in seen) == [0, 1]
+    assert [line[:9] for line in lines if "{" in line and '"RANK": "1"' in line] == ["[rank1]: "]
     assert {s["WORLD_SIZE"] for s in seen} == {"2"}
     run_cli(["launch", "--nproc-per-node", "2", "--", "nodescale", "train", "--max-steps", "3", "--no-progress",
              "--out", "run"], cwd=tmp_path)
@@ -119,7 +121,7 @@ def test_local_dry_run_prints_the_command_that_runs(nproc: int, tmp_path: Path) 
     shell = subprocess.run(["bash", "-c", printed], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
                            timeout=240, check=True)
     for result in (real, shell):
-        seen = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+        seen = [json.loads(line.removeprefix("[rank1]: ")) for line in result.stdout.splitlines() if "{" in line]
         assert sorted(s["rank"] for s in seen) == [str(rank) for rank in range(nproc)], result.stderr
         assert all(s["own" if nproc == 1 else "parent"] == command for s in seen), (command, seen)
         assert {s["note"] for s in seen} == {"a 'b' c"}

@@ -6,8 +6,6 @@ counts are real, but nothing is allocated or computed, so the file stays fast.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from torch import nn
@@ -270,10 +268,9 @@ def test_flops_leave_the_model_alone_and_see_through_wrappers() -> None:
     assert model.training  # the meta copy is put in eval mode, not the model
 
 
-def test_flops_of_resnet152_at_224_are_quick() -> None:
+def test_flops_of_resnet152_at_224_are_counted_on_the_meta_device() -> None:
+    # No timing here (a timed unit test fails on a loaded machine): on the meta device nothing is computed.
     model = build("resnet152", IMAGENET, device="meta")
-    forward_flops_per_sample(build("cnn", DIGITS), DIGITS)  # first use of FlopCounterMode warms up
-    start = time.perf_counter()
     flops = forward_flops_per_sample(model, IMAGENET)
-    assert time.perf_counter() - start < 2.0
+    assert all(p.is_meta for p in model.parameters())
     assert flops == pytest.approx(2 * 11.5e9, rel=0.02)  # torchvision quotes 11.51 GMACs

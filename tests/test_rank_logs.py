@@ -219,7 +219,7 @@ def test_local_ranks_are_labelled_and_logged(tmp_path: Path) -> None:
                       sys.executable, "fail.py"], cwd=tmp_path, check=False)
     assert result.returncode == 1, result
     assert "[rank1]: hello from rank 1, attempt 1" in result.stdout.splitlines(), result.stdout
-    assert "[rank0]: AssertionError: attempt 0 broke on rank 0" in result.stdout.splitlines(), result.stdout
+    assert "[rank0]: AssertionError: attempt 0 broke on rank 0" in result.stderr.splitlines(), result.stderr
     log = (tmp_path / "jobs" / "ranks.log").read_text().splitlines()
     assert "nodescale: restart 1 of 1 after rank 0 exited with 1" in log, log
     own = run_cli(["logs", "jobs", "--rank", "1"], cwd=tmp_path).stdout.splitlines()
@@ -230,7 +230,7 @@ def test_local_ranks_are_labelled_and_logged(tmp_path: Path) -> None:
     assert "nodescale: | AssertionError: attempt 1 broke on rank 1" in failure, failure
 
 
-def test_on_a_terminal_rank_0_passes_through_and_the_log_gets_plain_lines(tmp_path: Path, capsys) -> None:
+def test_rank_0_passes_through_and_the_log_gets_plain_lines(tmp_path: Path, capsys) -> None:
     """Rank 0's progress bar (carriage returns, cursor codes) reaches the terminal as it is; the log gets the text
     a terminal shows, labelled; other ranks are labelled on both."""
     import io
@@ -239,11 +239,12 @@ def test_on_a_terminal_rank_0_passes_through_and_the_log_gets_plain_lines(tmp_pa
     from nodescale.launch.schedulers.local_rank_output import RankOutput
 
     log = io.StringIO()
-    output = RankOutput(log, 2, terminal=True)
+    output = RankOutput(log, 2)
     bar = b"\r\x1b[2Ktrain 1/2\r\x1b[2Ktrain 2/2\r\x1b[2Kepoch 1/1 done\n"
-    os.write(output.write_fds[0], bar)
-    os.write(output.write_fds[1], b"a warning\n")
+    os.write(output.fds(0)[0], bar)
+    os.write(output.fds(1)[1], b"a warning\n")
     output.close()
-    terminal = capsys.readouterr().out
-    assert bar.decode() in terminal and "[rank1]: a warning\n" in terminal and "[rank0]" not in terminal
+    terminal = capsys.readouterr()
+    assert bar.decode() in terminal.out and "[rank0]" not in terminal.out
+    assert terminal.err == "[rank1]: a warning\n"  # stderr stays stderr
     assert sorted(log.getvalue().splitlines()) == ["[rank0]: epoch 1/1 done", "[rank1]: a warning"]

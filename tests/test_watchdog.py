@@ -190,7 +190,8 @@ def test_a_rank_stuck_but_alive_is_reported_with_every_ranks_place(tmp_path: Pat
         tmp_path, ["--heartbeat-timeout", str(timeout)], settle_s=0, within_s=timeout + 30,
         fault=signal.SIGWINCH, env=env)
     assert gone and elapsed < timeout + 15, (elapsed, output)
-    lines = [line for line in output.splitlines() if line.startswith("nodescale: hang: ")]
+    lines = [line for line in (re.sub(r"^\[rank\d+\]: ", "", text) for text in output.splitlines())  # stderr: labelled
+             if line.startswith("nodescale: hang: ")]
     # Both ranks' watchers may speak before the launcher ends the job (seen under load): each line must
     # say where rank 1 is stuck, as the neighbour or in the summary.
     assert 1 <= len(lines) <= 2, output

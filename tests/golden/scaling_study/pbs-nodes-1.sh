@@ -22,6 +22,8 @@ unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE RO
 # `nodescale logs` (and --follow) and for the failure summary at the end.
 ranks_log=/home/user/project/jobs/pbs-"${PBS_JOBID%%.*}".log
 exec > >(tee -a "$ranks_log") 2>&1
+# mpiexec's labels name no host: the failure summary finds a task's host from this line (first_failure).
+echo "nodescale: mpiexec places 1 task(s) on each host, in this order: $(awk '!seen[$0]++' "$PBS_NODEFILE" | paste -sd ' ')"
 
 # Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
 # the port derives from the job id: the same on every node, another for each job.

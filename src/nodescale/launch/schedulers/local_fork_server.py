@@ -172,8 +172,8 @@ def _become_rank(rank_env: Mapping[str, str], spec: Mapping[str, object], server
         return 1
     outputs = list(spec["output_fds"])  # type: ignore[call-overload]
     if outputs:
-        os.dup2(outputs[rank], 1)
-        os.dup2(outputs[rank], 2)
+        os.dup2(outputs[2 * rank], 1)  # local_rank_output.RankOutput.fds
+        os.dup2(outputs[2 * rank + 1], 2)
         for fd in outputs:
             os.close(fd)
     os.environ.update(rank_env)

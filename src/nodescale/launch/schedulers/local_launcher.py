@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nodescale.errors import EXIT_USER_ERROR, UserError
+from nodescale.errors import EXIT_USER_ERROR, UserError, program_not_found
 from nodescale.stop_signals import EXIT_REQUEUE
 
 if TYPE_CHECKING:
@@ -98,6 +98,8 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
     """
     from nodescale.launch.schedulers.local_rank_output import TERMINAL_VARIABLE, RankOutput, note, open_log
 
+    if log_dir is not None and nproc > 1 and shutil.which(command[0]) is None:
+        raise program_not_found(command[0])  # before ranks.log: a mistyped command leaves no job folder behind
     log = open_log(log_dir, nproc) if log_dir is not None and nproc > 1 else None
     terminal = log is not None and sys.stdout.isatty()
     if log is not None:
@@ -106,7 +108,7 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
         os.environ[TERMINAL_VARIABLE] = str(shutil.get_terminal_size().columns)
     try:
         return _launch_local(command, nproc, max_restarts, store_process, preload,
-                             (lambda: RankOutput(log, nproc, terminal)) if log else (lambda: None),
+                             (lambda: RankOutput(log, nproc)) if log else (lambda: None),
                              lambda line: note(log, line))
     finally:
         if log is not None:

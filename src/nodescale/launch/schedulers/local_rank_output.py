@@ -1,13 +1,13 @@
 """Each local rank's output, labelled ``[rankN]: `` on the terminal and kept in a log file.
 
 The cluster jobs label every line with its rank (:mod:`nodescale.launch.rank_labels`); with
-``--nproc`` > 1 nodescale's local launcher does the same: each rank writes one stream (stdout
-and stderr together, so a traceback stays in order with the lines before it) into a pipe of
-its own, and a thread per rank copies whole lines, labelled, to the launcher's stdout and to
+``--nproc`` > 1 nodescale's local launcher does the same: each rank's stdout and stderr go
+into pipes of their own, and a thread per pipe copies whole lines, labelled, to the launcher's
+stdout or stderr and to
 ``ranks.log`` (in the run directory for ``train``, the job directory for ``launch``), which
-``nodescale logs DIR [--rank R] [--failure]`` reads. On a terminal rank 0's output goes to it
-as it is, unlabelled (:data:`TERMINAL_VARIABLE` tells rank 0 to draw its progress bar into the
-pipe), and to the log as plain lines.
+``nodescale logs DIR [--rank R] [--failure]`` reads. Rank 0's stdout, the run's own output, goes
+to the launcher's stdout as it is, unlabelled (on a terminal :data:`TERMINAL_VARIABLE` tells rank
+0 to draw its progress bar into the pipe), and to the log as plain labelled lines.
 """
 
 from __future__ import annotations
@@ -31,16 +31,21 @@ _JOIN_SECONDS = 5.0  # a rank's child that outlives it may hold its pipe open: d
 class RankOutput:
     """The pipes of one worker group's ranks and the threads that copy their lines."""
 
-    def __init__(self, log: IO[str], nproc: int, terminal: bool = False) -> None:
+    def __init__(self, log: IO[str], nproc: int) -> None:
         self._log = log
-        self._terminal = terminal  # rank 0's bytes go to the terminal as they come
         self._lock = threading.Lock()
-        pipes = [os.pipe() for _ in range(nproc)]
-        self.write_fds = [write for _, write in pipes]  # each rank's stdout and stderr
-        self._threads = [threading.Thread(target=self._copy, args=(rank, read), daemon=True,
-                                          name=f"nodescale-rank{rank}-output") for rank, (read, _) in enumerate(pipes)]
+        # Two pipes per rank: its stdout reaches the launcher's stdout and its stderr the launcher's stderr.
+        pipes = [os.pipe() for _ in range(2 * nproc)]
+        self.write_fds = [write for _, write in pipes]  # rank r's stdout: [2r], its stderr: [2r + 1]
+        self._threads = [threading.Thread(target=self._copy, args=(index // 2, index % 2, read), daemon=True,
+                                          name=f"nodescale-rank{index // 2}-output")
+                         for index, (read, _) in enumerate(pipes)]
         for thread in self._threads:
             thread.start()
+
+    def fds(self, rank: int) -> tuple[int, int]:
+        """The write ends that become rank ``rank``'s stdout and stderr."""
+        return self.write_fds[2 * rank], self.write_fds[2 * rank + 1]
 
     def started(self) -> None:
         """The ranks hold their ends now: close ours, so that a rank's end is its pipe's end."""
@@ -54,23 +59,24 @@ class RankOutput:
         for thread in self._threads:
             thread.join(_JOIN_SECONDS)
 
-    def _copy(self, rank: int, fd: int) -> None:
+    def _copy(self, rank: int, stream: int, fd: int) -> None:
+        terminal = sys.stderr if stream else sys.stdout
+        raw = rank == 0 and not stream  # rank 0's stdout as it is (its progress bar): the run's own output
         with open(fd, "rb", buffering=0) as pipe:
             pending = b""
             while chunk := pipe.read(65536):
-                raw = self._terminal and rank == 0
                 if raw:
-                    self._emit([sys.stdout], chunk.decode(errors="replace"))
+                    self._emit([terminal], chunk.decode(errors="replace"))
                 *lines, pending = (pending + chunk).split(b"\n")
                 pending = pending.rsplit(b"\r", 1)[-1]  # a bar's frames: only the last one may end in a line
-                self._write(rank, lines, to_terminal=not raw)
+                self._write(rank, lines, None if raw else terminal)
             if pending:
-                self._write(rank, [pending], to_terminal=not (self._terminal and rank == 0))
+                self._write(rank, [pending], None if raw else terminal)
 
-    def _write(self, rank: int, lines: list[bytes], to_terminal: bool = True) -> None:
+    def _write(self, rank: int, lines: list[bytes], terminal: IO[str] | None) -> None:
         plain = (_CONTROL.sub(b"", line).rsplit(b"\r", 1)[-1] for line in lines)  # the text a terminal shows
         text = "".join(f"[rank{rank}]: {line.decode(errors='replace')}\n" for line in plain)
-        self._emit([sys.stdout, self._log] if to_terminal else [self._log], text)
+        self._emit([self._log] if terminal is None else [terminal, self._log], text)
 
     def _emit(self, streams: list[IO[str]], text: str) -> None:
         with self._lock:

@@ -139,10 +139,10 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
             forks = ForkServer(module, rank_envs, base, preload, output.write_fds if output else ())
             all_forked()
         for rank, env in enumerate(envs if module is None else []):
-            fd = output.write_fds[rank] if output else None
+            out, err = output.fds(rank) if output else (None, None)
             try:
                 workers[rank] = subprocess.Popen(list(command), env=env, start_new_session=True,
-                                                 preexec_fn=die_with_parent, stdout=fd, stderr=fd)
+                                                 preexec_fn=die_with_parent, stdout=out, stderr=err)
             except FileNotFoundError:
                 raise program_not_found(command[0]) from None  # the workers started so far are stopped below
         if output:
