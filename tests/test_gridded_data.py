@@ -259,5 +259,5 @@ def test_a_constant_variable_cannot_be_standardised(tmp_path: Path, monkeypatch)
     for name, values in (("land", np.ones((8, 4, 4), "f4")), ("t", np.arange(128, dtype="f4").reshape(8, 4, 4))):
         group.create_array(name, shape=values.shape, chunks=(4, 4, 4), dtype="f4", dimension_names=DIMS)[:] = values
     cfg = config(tmp_path / "c.zarr", inputs="land,t", targets="t", window="time:2", normalise="train")
-    with pytest.raises(UserError, match=r"(?s)variable .land. of .*c.zarr: is constant .* --set data.stats=land:MEAN:STD"):
+    with pytest.raises(UserError, match=r"(?s)variable .land. of .*c.zarr: is constant .* data.stats=land:MEAN:STD"):
         get_format("zarr").prepare(cfg)

@@ -24,7 +24,7 @@ from nodescale.data.epoch_loader import EpochLoader
 from nodescale.data.pipeline import input_pipeline
 from nodescale.data.section import DataSection
 from nodescale.data.sharding import ShardPlan
-from nodescale.data.workers import default_workers
+from nodescale.data.workers import default_workers, rank_cpus
 from nodescale.errors import UserError
 from nodescale.models.spec import InputSpec
 
@@ -45,6 +45,17 @@ def cpus(first: int, count: int) -> frozenset[int]:
 ])
 def test_default_workers_are_the_ranks_share_of_its_cpus_less_one(mine, same_node, expected) -> None:
     assert default_workers(mine, same_node) == expected
+
+
+def test_the_trainer_takes_the_default_for_files_and_none_for_arrays_in_memory() -> None:
+    one_rank = SimpleNamespace(device=CPU, has_process_group=False, env=SimpleNamespace(node_rank=0))
+    files = DatasetSplits(PerSample(ArrayDataset(torch.zeros(4, 3, 2, 2), torch.zeros(4))), Dataset(),
+                          InputSpec((3, 2, 2), 2))
+    expected = default_workers(rank_cpus(), [rank_cpus()])
+    assert input_pipeline(DataSection(name="imagefolder"), files, one_rank, seed=0).workers == expected
+    arrays = DatasetSplits(ArrayDataset(torch.zeros(4, 3, 2, 2), torch.zeros(4)), Dataset(), InputSpec((3, 2, 2), 2))
+    assert input_pipeline(DataSection(name="cifar10"), arrays, one_rank, seed=0).workers == 0
+    assert input_pipeline(DataSection(name="imagefolder", num_workers=3), files, one_rank, seed=0).workers == 3
 
 
 # ---------------------------------------------------------------- augmentation

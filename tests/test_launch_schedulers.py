@@ -438,5 +438,7 @@ def test_slurm_data_pack_splits_the_shards_across_tasks_as_one_process_packs_the
     assert len(shards) >= 4 and shards == sorted(p.name for p in (tmp_path / "job").glob("*.tar"))
     for name in shards:
         assert (tmp_path / "job" / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()
+    packed_by = {json.loads(r.read_text())["task"] for r in (tmp_path / "job" / ".pack").glob("*.json")}
+    assert packed_by == {0, 1}  # each task wrote its own shards
     job, alone = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("job", "alone"))
     assert job == alone

@@ -203,8 +203,9 @@ def inspect(cfg: DataSection) -> Layout:
     chosen = {var.name for var in (*inputs, *targets)}
     for name in cfg.stats:
         if name not in chosen:
-            raise UserError(f"data.stats variable {name!r}", f"is neither an input nor a target ({', '.join(sorted(chosen))})",
-                            "give figures for the variables of data.inputs and data.targets")
+            raise UserError(f"data.stats variable {name!r}", "is neither an input nor a target "
+                            f"({', '.join(sorted(chosen))})", "give figures for the variables of data.inputs and "
+                            "data.targets")
     _sizes(cfg.window, first.dims, "window", first)
     _sizes(cfg.stride, first.dims, "stride", first)
     for dim in cfg.stride:

@@ -140,7 +140,7 @@ def pack(src: Path, out: Path, shard_size: int, source_format: str | None = None
         with ProcessPoolExecutor(workers) as pool:
             done = list(pool.map(write_shard, [out] * len(mine), mine))
     for record in done:
-        write_json_atomic(records / f"{record['name']}.json", {"plan": plan, **record})
+        write_json_atomic(records / f"{record['name']}.json", {"plan": plan, "task": rank, **record})
     found = {}
     for job in jobs:  # the manifest: by the task that sees every shard's record
         try:

@@ -1,6 +1,7 @@
 """The trainer's input pipeline: workers per rank, where images are decoded and where they are augmented.
 
-* ``data.num_workers`` unset: the cores of the rank's binding (``nodescale.data.workers``).
+* ``data.num_workers`` unset: the cores of the rank's binding (``nodescale.data.workers``); none
+  for in-memory arrays, which are cut a whole batch at a time.
 * ``data.decode=gpu``: workers read bytes, the rank decodes each batch on its GPU
   (``nodescale.data.gpu_decode``); only for datasets of image files (imagefolder, shards).
 * ``data.augment``: on the device for in-memory arrays and GPU-decoded batches, in the workers
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, TensorDataset
 
 from nodescale.data.arrays import WholeBatchDataset
 from nodescale.data.augment import Augment, AugmentedDataset
@@ -39,8 +40,9 @@ class Pipeline:
 
 def input_pipeline(cfg: DataSection, splits: DatasetSplits, runtime: Runtime, seed: int) -> Pipeline:
     """Every rank calls it (the default worker count is agreed by a collective)."""
-    workers = cfg.num_workers if cfg.num_workers is not None else workers_for_rank(runtime)
     train, val = splits.train, splits.val
+    in_memory = isinstance(train, (WholeBatchDataset, TensorDataset))  # cut a batch at a time: nothing to decode
+    workers = cfg.num_workers if cfg.num_workers is not None else 0 if in_memory else workers_for_rank(runtime)
     if cfg.augment and not splits.spec.is_image:
         raise UserError(f"--augment on dataset {cfg.name!r}", f"crops and flips images, but its samples have "
                         f"shape {tuple(splits.spec.shape)}", "leave --augment out for this dataset")
