@@ -136,6 +136,21 @@ class SlurmCluster:
         return "\n".join(text)
 
 
+def ci_presets(cwd: Path, cluster: SlurmCluster) -> Path:
+    """A preset folder holding ``ci-slurm``: generic-slurm with the test cluster's cores per node."""
+    presets = cwd / "presets"
+    presets.mkdir()
+    (presets / "ci-slurm.yaml").write_text(f"extends: generic-slurm\ndescription: the test cluster\n"
+                                           f"cpus_per_node: {cluster.cpus_per_node}\n")
+    return presets
+
+
+def job_logs(jobs: Path) -> str:
+    """The tail of every Slurm log in ``jobs``, for a failure message."""
+    return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}"
+                     for log in sorted(jobs.glob("slurm-*")))
+
+
 def _slurm_local(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": search_path()}
     return subprocess.run(["bash", str(SLURM_LOCAL), *argv], env=env, capture_output=True, text=True,

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import read_summary, run_cli
 from nodescale.bench import scaling_study
-from scheduler_fixtures import SlurmCluster, search_path
+from scheduler_fixtures import SlurmCluster, ci_presets, job_logs, search_path
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -36,8 +36,7 @@ def wait_for_jobs(directory: Path, slurm: SlurmCluster, timeout: float = 240) ->
         if all(state == scaling_study.DONE or state.startswith("failed") for state in states.values()):
             return states
         time.sleep(1)
-    logs = "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}"
-                     for log in sorted((directory.parent / "jobs").glob("slurm-*")))
+    logs = job_logs(directory.parent / "jobs")
     pytest.fail(f"the study's jobs did not end in {timeout:.0f} s ({states})\n{logs}\n{slurm.log_tail()}",
                 pytrace=False)
 
@@ -45,10 +44,7 @@ def wait_for_jobs(directory: Path, slurm: SlurmCluster, timeout: float = 240) ->
 @pytest.fixture(scope="module")
 def study(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     cwd = tmp_path_factory.mktemp("study")
-    presets = cwd / "presets"
-    presets.mkdir()
-    (presets / "ci-slurm.yaml").write_text(f"extends: generic-slurm\ndescription: the test cluster\n"
-                                           f"cpus_per_node: {slurm_cluster.cpus_per_node}\n")
+    presets = ci_presets(cwd, slurm_cluster)
     (cwd / "tiny.py").write_text(MODEL)
     with pytest.MonkeyPatch.context() as patch:
         for name, value in {**slurm_cluster.env, "XDG_STATE_HOME": str(cwd / "state"),

@@ -20,7 +20,7 @@ import yaml
 
 from conftest import read_summary, run_cli
 from nodescale.launch import sweep_manifest
-from scheduler_fixtures import SlurmCluster, search_path
+from scheduler_fixtures import SlurmCluster, ci_presets, job_logs, search_path
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -45,8 +45,7 @@ def wait_for_status(directory: Path, indices: list[int], slurm: SlurmCluster, ti
         if all(sweep_manifest.exit_code(directory, i) is not None for i in indices):
             return
         time.sleep(1)
-    logs = "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}"
-                     for log in sorted((directory.parent / "jobs").glob("slurm-*")))
+    logs = job_logs(directory.parent / "jobs")
     pytest.fail(f"sweep members {indices} wrote no status in {timeout:.0f} s\n{logs}\n{slurm.log_tail()}",
                 pytrace=False)
 
@@ -55,10 +54,7 @@ def wait_for_status(directory: Path, indices: list[int], slurm: SlurmCluster, ti
 def swept(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The sweep submitted, run, one member resubmitted and rerun: what each step left."""
     cwd = tmp_path_factory.mktemp("sweep")
-    presets = cwd / "presets"
-    presets.mkdir()
-    (presets / "ci-slurm.yaml").write_text(f"extends: generic-slurm\ndescription: the test cluster\n"
-                                           f"cpus_per_node: {slurm_cluster.cpus_per_node}\n")
+    presets = ci_presets(cwd, slurm_cluster)
     (cwd / "flaky.py").write_text(MODEL)
     directory = cwd / "sweep"
     directory.mkdir()
