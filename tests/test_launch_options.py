@@ -203,6 +203,8 @@ def launch(*flags: str, scheduler: str = "slurm") -> tuple[int, str, str]:
     (["--cpus-per-task=x"], "--cpus-per-task x: must be a whole number"),
     (["--module="], "--module '': must not be empty"),
     (["--setup=echo a\necho b"], "--setup 'echo a\\necho b': must not contain newlines"),
+    (["--setup=if true"], "--setup 'if true': is not a line bash can read (line 2: syntax error"),
+    (["--setup=;"], "--setup ';': is not a line bash can read (syntax error near unexpected token"),
     (["--container-bind=/a,/b", "--container=/i.sif"], "--container-bind '/a,/b': must be SRC[:DST] without commas"),
     (["--container-bind=/a"], "--container-bind /a: generic-slurm runs no container"),
 ])

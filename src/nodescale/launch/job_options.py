@@ -208,6 +208,22 @@ class Software(_Strict):
                 raise ValueError("must not be empty")
         return value
 
+    @field_validator("setup")
+    @classmethod
+    def _shell(cls, value: list[str]) -> list[str]:
+        # A setup line goes into the script as it is: one bash cannot read would end the job at its start.
+        import subprocess
+
+        for line in value:
+            try:
+                checked = subprocess.run(["bash", "-n", "-c", line], capture_output=True, text=True, timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                return value  # no bash here to ask (the cluster's still runs the script)
+            if checked.returncode != 0:
+                error = (checked.stderr.strip().splitlines() or ["a syntax error"])[0]
+                raise ValueError(f"is not a line bash can read ({re.sub(r'^bash: -c: (line 1: )?', '', error)})")
+        return value
+
     @field_validator("container")
     @classmethod
     def _image(cls, value: str | None) -> str | None:
