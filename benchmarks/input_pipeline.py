@@ -130,8 +130,11 @@ def sides(args: argparse.Namespace, folder: Path, shards: Path) -> dict[str, Any
         samples = [(os.path.join(index.root, os.fsdecode(p)), int(y)) for p, y in zip(paths, labels, strict=True)]
         generator = torch.Generator().manual_seed(len(passes))
         loader = DataLoader(BaselineFolder(samples), batch_size=args.batch_size, shuffle=True, generator=generator,
-                            **options)
-        return sum(len(x) for x, _ in loader)
+                            pin_memory=device.type == "cuda", **options)
+        n = sum(len(x.to(device, non_blocking=True)) for x, _ in loader)  # to the GPU too, as nodescale's sides
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return n
 
     passes: list[str] = []
     found = {
@@ -156,7 +159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--decode", choices=("cpu", "gpu"), default="cpu")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "input-pipeline.json")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "input-pipeline.json",
+                        help="results JSON (the committed runs: results/input-pipeline-COMMIT-N.json)")
     return parser.parse_args(argv)
 
 
