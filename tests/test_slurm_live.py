@@ -12,6 +12,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,8 +111,18 @@ def test_plain_srun_finds_an_unresolvable_head_node_by_its_node_addr(cluster: Ow
         ("0", "127.0.0.1", "3"), ("1", "127.0.0.1", "3")], result.stdout + result.stderr
 
 
+def wait_until_idle(cluster: OwnSlurm, timeout: float = 120) -> None:
+    """Every node idle: under load the previous test's step may still be completing, and salloc would queue."""
+    deadline = time.monotonic() + timeout
+    while (states := set(cluster.command("sinfo", "-h", "-N", "-o", "%T").stdout.split())) != {"idle"}:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the nodes did not become idle in {timeout:.0f} s: {states}", pytrace=False)
+        time.sleep(1)
+
+
 @pytest.mark.slow
 def test_launch_inside_salloc_starts_a_step_there(cluster: OwnSlurm, tmp_path: Path) -> None:
+    wait_until_idle(cluster)
     before = job_ids(cluster)
     argv = ["salloc", "-N2", "-c2", "--time=3", sys.executable, "-m", "nodescale", "launch", "--scheduler", "slurm",
             "--cluster", "generic-slurm", "--nodes", "2", "--gpus-per-node", "0", "--nproc-per-node", "2",
