@@ -99,13 +99,11 @@ def exit_code(directory: Path, index: int) -> int | None:
         return None
 
 
-def member_state(sweep: Sweep, member: Member, listed: str | None) -> str:
-    """``done``, ``failed``, or the scheduler's state (``listed``: PENDING, RUNNING, ...) while it lists the
-    member. A member the scheduler no longer lists, with neither an exit code nor a summary, ended without
-    saying how (killed with its node, cancelled): ``failed``."""
+def member_state(sweep: Sweep, member: Member) -> str:
+    """``done`` or ``failed``, from the member's files, for a member the scheduler no longer lists as queued or
+    running (:mod:`nodescale.launch.sweep_state` asks it first). Neither an exit code nor a summary: it ended
+    without saying how (killed with its node, cancelled): ``failed``."""
     code = exit_code(sweep.directory, member.index)
     if code is not None:
         return "done" if code == 0 else "failed"
-    if listed is not None:
-        return listed.lower()
     return "done" if (Path(member.run_dir) / "summary.json").is_file() else "failed"

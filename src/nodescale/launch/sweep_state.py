@@ -69,7 +69,7 @@ def member_states(sweep: Sweep, listed: Mapping[str, str]) -> dict[int, str]:
             # Queued or running (again, after --resubmit-failed): an exit code of an earlier run is stale.
             states[member.index] = state.lower()
             continue
-        states[member.index] = sweep_manifest.member_state(sweep, member, None)
+        states[member.index] = sweep_manifest.member_state(sweep, member)
         if states[member.index] == "failed" and member.index not in submitted and \
                 sweep_manifest.exit_code(sweep.directory, member.index) is None:
             states[member.index] = NOT_SUBMITTED
