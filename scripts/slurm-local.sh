@@ -144,6 +144,8 @@ $gres_types
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
+# A node answering a ping late (a loaded 2-core CI machine) is dropped from scheduling until the next ping.
+MessageTimeout=30
 KillWait=2
 # Finished jobs stay visible to scontrol/squeue -j for 5 minutes.
 MinJobAge=300

@@ -201,10 +201,18 @@ def test_a_restarted_job_is_summarised_from_its_last_attempt(tmp_path: Path) -> 
         "nodescale: the job failed: rank 3 on h2 failed first;")
 
 
+# The failing rank waits for the other's hello (a marker file): else, on a loaded machine, the launcher stops
+# the other rank before it has said anything.
 LOCAL_FAIL_EACH_TIME = """\
-import os
+import os, pathlib, time
 attempt, rank = os.environ.get("NODESCALE_RESTART_COUNT", "0"), os.environ["RANK"]
 print(f"hello from rank {rank}, attempt {attempt}", flush=True)
+pathlib.Path(f"said-{attempt}-{rank}").touch()
+if rank == attempt:
+    other = pathlib.Path(f"said-{attempt}-{1 - int(rank)}")
+    deadline = time.monotonic() + 60
+    while not other.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 assert rank != attempt, f"attempt {attempt} broke on rank {rank}"
 """
 
