@@ -32,9 +32,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import REPO, child_env, compare, interleave, machine, write_results  # noqa: E402
-
 import torch  # noqa: E402
+from harness import REPO, child_env, compare, interleave, machine, write_results  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 SIDE = 224

@@ -6,7 +6,7 @@ any batch, so a run resumed mid-epoch draws the crops it would have drawn. The c
 torchvision's ``RandomResizedCrop`` (area 8-100 %, aspect ratio 3/4-4/3, ten tries, then the
 centre) and is resized back to the image's own size; both are one ``affine_grid`` +
 ``grid_sample`` over the whole batch, so the same code runs on the device (in-memory and
-GPU-decoded batches) and, one sample at a time, in DataLoader workers.
+GPU-decoded batches) and, a decoded batch at a time, in DataLoader workers.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
+
+from nodescale.data.decoded_batches import reads_batches
 
 TRIES = 10
 DRAWS = 4 * TRIES + 1  # area, ratio, top, left per try; then the flip
@@ -124,3 +126,12 @@ class AugmentedDataset(Dataset):
         epoch, index = key
         x, y = self.dataset[index]
         return self.augment(x[None], epoch, [index])[0], y
+
+    def read_batch(self, keys: list[tuple[int, int]]) -> list[Any]:
+        """A batch augmented in one call, decoded whole where the dataset underneath can (``read_batch``)."""
+        epoch, indices = keys[0][0], [index for _, index in keys]
+        if reads_batches(self.dataset):
+            x, y = self.dataset.read_batch(indices)  # type: ignore[attr-defined]
+        else:
+            x, y = default_collate([self.dataset[index] for index in indices])
+        return [self.augment(x, epoch, indices), y]

@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from nodescale.data.arrays import WholeBatchDataset, copy_to_device
+from nodescale.data.decoded_batches import BatchesRead, reads_batches, whole_batch
 from nodescale.data.sharding import ShardPlan, window_totals
 from nodescale.errors import UserError
 
@@ -75,15 +76,18 @@ class EpochLoader:
         self.last_epoch_seconds: float | None = None  # of the epoch (or its resumed part) ended last
         if isinstance(dataset, WholeBatchDataset) and device.type != "cpu" and dataset.nbytes <= RESIDENT_BYTES:
             dataset = dataset.to(device, channels_last=channels_last)
+        self._dataset = dataset
         self._batches = PlannedBatches()
         loader_options.setdefault("pin_memory", device.type == "cuda")
-        self.loader = DataLoader(dataset, batch_sampler=self._batches, **loader_options)
         # Tensors in memory are cut a whole batch at a time: the same values as the DataLoader's
         # per-sample collation, without a Python call per sample (a plain TensorDataset's options
         # beyond pin_memory would change what it yields, so they keep the DataLoader).
         plain = set(loader_options) <= {"pin_memory"}
         self._cut = (_array_cutter(dataset, device) if isinstance(dataset, WholeBatchDataset)
                      else _tensor_cutter(dataset) if isinstance(dataset, TensorDataset) and plain else None)
+        if reads_batches(dataset) and "collate_fn" not in loader_options:  # decoded into one batch, not stacked
+            dataset, loader_options["collate_fn"] = BatchesRead(dataset), whole_batch
+        self.loader = DataLoader(dataset, batch_sampler=self._batches, **loader_options)
 
     @property
     def sampler(self) -> PlannedBatches:  # the old EpochLoader's attribute
@@ -91,7 +95,7 @@ class EpochLoader:
 
     @property
     def dataset(self) -> Dataset:
-        return self.loader.dataset
+        return self._dataset
 
     @property
     def batch_size(self) -> int:

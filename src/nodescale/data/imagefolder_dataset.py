@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from nodescale.data.decoded_batches import batch_tensor
 from nodescale.data.imagefolder import MEAN, STD
 from nodescale.errors import UserError
 
@@ -37,12 +38,28 @@ class ImageFolderDataset(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return normalised(self._pixels(index)[1]), torch.tensor(self.labels[index], dtype=torch.int64)
+
+    def read_batch(self, indices: list[int]) -> list[torch.Tensor]:
+        """The images at ``indices`` as one standardised batch and their labels, each decoded into its slot."""
+        out = None
+        for slot, index in enumerate(indices):
+            path, pixels = self._pixels(index)
+            if out is None:
+                out = batch_tensor(len(indices), (3, *pixels.shape[:2]))
+            elif pixels.shape[:2] != out.shape[2:]:
+                raise UserError(path, f"is {pixels.shape[1]} x {pixels.shape[0]} pixels, and the batch's first image "
+                                f"{out.shape[3]} x {out.shape[2]}", "pass --set data.image_size=N to crop and resize "
+                                "every image to N x N")
+            normalised(pixels, out=out[slot])
+        return [out, torch.from_numpy(self.labels[np.asarray(indices, dtype=np.int64)].astype(np.int64))]
+
+    def _pixels(self, index: int) -> tuple[str, np.ndarray]:
         path, data = self._read(index)
         try:
-            pixels = decode(io.BytesIO(data), self.image_size)
+            return path, decode(io.BytesIO(data), self.image_size)
         except OSError as err:
             raise UserError(f"{path}", f"cannot be decoded ({err})", "remove or replace the file") from err
-        return normalised(pixels), torch.tensor(self.labels[index], dtype=torch.int64)
 
     def encoded(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The file's bytes, undecoded (``--decode gpu`` decodes a batch of them on the device), and its label."""
@@ -61,12 +78,12 @@ class ImageFolderDataset(Dataset):
                 from err
 
 
-def normalised(pixels: np.ndarray) -> torch.Tensor:
-    """uint8 RGB ``(H, W, 3)`` as float32 ``(3, H, W)`` standardised with ImageNet's mean and std."""
+def normalised(pixels: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 RGB ``(H, W, 3)`` as float32 ``(3, H, W)`` standardised with ImageNet's mean and std (into ``out``)."""
     # Made contiguous while still uint8, then one fused pass: elementwise work on the permuted
     # (channel-last) strides cost three times the JPEG decode (benchmarks/input_pipeline.py).
     x = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))).float()
-    return torch.addcmul(_SHIFT, x, _SCALE)
+    return torch.addcmul(_SHIFT, x, _SCALE, out=out)
 
 
 def decode(path: str | BinaryIO, image_size: int | None) -> np.ndarray:

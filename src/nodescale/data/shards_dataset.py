@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from nodescale.data.base import DatasetSplits
+from nodescale.data.decoded_batches import batch_tensor
 from nodescale.data.imagefolder import _pil
 from nodescale.data.imagefolder_dataset import decode, normalised
 from nodescale.data.stage import stage_file
@@ -78,16 +79,35 @@ class ShardsDataset(Dataset):
             self.paths[shard] = stage_file(source, self.stage_dir, self.checksums.get(os.path.basename(source)))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        label = torch.tensor(int(self.columns["label"][index]), dtype=torch.int64)
-        code = int(self.columns["ext"][index])
-        if code == UNREADABLE:  # weighs 0 (ShardPlan.unreadable); only a rank's lone padding sample gets here
+        x, y = self.read_batch([index], shared=False)
+        return x[0], y[0]
+
+    def read_batch(self, indices: list[int], shared: bool | None = None) -> list[torch.Tensor]:
+        """The samples at ``indices`` as one standardised batch and its labels, each decoded into its slot."""
+        rows = np.asarray(indices, dtype=np.int64)
+        out = None
+        for slot, index in enumerate(rows.tolist()):
+            if int(self.columns["ext"][index]) == UNREADABLE:  # weighs 0 (ShardPlan.unreadable): a black image
+                continue
+            sample = self._decoded(index)
+            shape = (3, *sample.shape[:2]) if isinstance(sample, np.ndarray) else tuple(sample.shape)
+            if self.shape is None:
+                self.shape = shape
+            if shape != self.shape:
+                raise UserError(self._name(index), f"has shape {shape} but the first sample {self.shape}",
+                                "pass --set data.image_size=N to crop and resize every image to N x N")
+            if out is None:
+                out = batch_tensor(len(rows), shape, shared)
+            if isinstance(sample, np.ndarray):
+                normalised(sample, out=out[slot])
+            else:
+                out[slot].copy_(sample)
+        if out is None:  # only unreadable samples: a rank's lone padding sample
             assert self.shape is not None
-            return torch.zeros(self.shape), label
-        x = self.decode(index)
-        if self.shape is not None and tuple(x.shape) != self.shape:
-            raise UserError(self._name(index), f"has shape {tuple(x.shape)} but the first sample {self.shape}",
-                            "pass --set data.image_size=N to crop and resize every image to N x N")
-        return x, label
+            out = batch_tensor(len(rows), self.shape, shared)
+        for slot in np.flatnonzero(self.columns["ext"][rows] == UNREADABLE).tolist():
+            out[slot].zero_()
+        return [out, torch.from_numpy(self.columns["label"][rows])]
 
     def encoded(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The sample's stored bytes, undecoded (``--decode gpu`` decodes a batch on the device), and its label."""
@@ -102,11 +122,16 @@ class ShardsDataset(Dataset):
 
     def decode(self, index: int) -> torch.Tensor:
         """The input of sample ``index``, standardised."""
+        sample = self._decoded(index)
+        return normalised(sample) if isinstance(sample, np.ndarray) else sample
+
+    def _decoded(self, index: int) -> np.ndarray | torch.Tensor:
+        """An image as uint8 RGB ``(H, W, 3)`` (standardised by ``normalised``); an array, standardised."""
         ext = DATA_EXTENSIONS[int(self.columns["ext"][index])]
         data = self._bytes(index)
         try:
             if ext in IMAGE_EXTENSIONS:
-                return normalised(decode(io.BytesIO(data), self.image_size))
+                return decode(io.BytesIO(data), self.image_size)
             array = np.load(io.BytesIO(data), allow_pickle=False)
         except (OSError, ValueError) as err:
             raise UserError(self._name(index), f"cannot be decoded as .{ext} ({err})",
