@@ -12,6 +12,7 @@ ImageNet's mean and std, through a DataLoader with --workers worker processes:
   does it (PIL open, convert("RGB"), a tensor, /255, normalise), batches from a shuffled sampler;
 * ``imagefolder``: nodescale's imagefolder format through the trainer's loader (EpochLoader);
 * ``shards``: the same images from nodescale's tar shards through the same loader;
+* ``torchvision``: torchvision's own ImageFolder + ToTensor + Normalize, where its wheel imports (the GPU machine);
 * ``gpu`` (``--decode gpu``): the shards' bytes decoded on the GPU (nodescale's --decode gpu).
 
 Rounds run every side back to back, rotated each round; a first round (not recorded) warms the
@@ -135,12 +136,36 @@ def sides(args: argparse.Namespace, folder: Path, shards: Path) -> dict[str, Any
             torch.cuda.synchronize()
         return n
 
+    def torchvision_pass() -> int:  # torchvision's own ImageFolder (where its wheel imports: the GPU machine)
+        from torchvision import datasets, transforms
+
+        if "folder" not in made:  # scanned once, then given the same samples as the other sides
+            made["folder"] = datasets.ImageFolder(os.path.join(index.root, "train"), transforms.Compose(
+                [transforms.ToTensor(), transforms.Normalize(MEAN.flatten().tolist(), STD.flatten().tolist())]))
+            made["folder"].samples = [(os.path.join(index.root, os.fsdecode(p)), int(y))
+                                      for p, y in zip(paths, labels, strict=True)]
+        folder = made["folder"]
+        generator = torch.Generator().manual_seed(len(passes))
+        loader = DataLoader(folder, batch_size=args.batch_size, shuffle=True, generator=generator,
+                            pin_memory=device.type == "cuda", **options)
+        n = sum(len(x.to(device, non_blocking=True)) for x, _ in loader)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return n
+
     passes: list[str] = []
+    made: dict[str, Any] = {}
     found = {
         "baseline": baseline_pass,
         "imagefolder": lambda: nodescale_pass(ImageFolderDataset(index.root, paths, labels, None)),
         "shards": lambda: nodescale_pass(shard_set),
     }
+    try:
+        import torchvision.datasets  # noqa: F401
+    except Exception:  # noqa: BLE001 (a wheel built for another torch fails in many ways)
+        pass
+    else:
+        found["torchvision"] = torchvision_pass
     if args.decode == "gpu":
         from nodescale.data.gpu_decode import EncodedDataset, GpuDecoder, collate_encoded
 
@@ -192,11 +217,15 @@ def main(argv: list[str] | None = None) -> int:
         "shards_vs_imagefolder": compare("imagefolder", rates["imagefolder"], "shards", rates["shards"],
                                          "images_per_s", higher_is_better=True),
     }
+    if "torchvision" in rates:
+        body["imagefolder_vs_torchvision"] = compare("torchvision", rates["torchvision"], "imagefolder",
+                                                     rates["imagefolder"], "images_per_s", higher_is_better=True)
     if "gpu" in rates:
         body["gpu_vs_cpu_decoding"] = compare("shards", rates["shards"], "gpu", rates["gpu"], "images_per_s",
                                               higher_is_better=True)
     write_results(args.out, facts, body)
-    for key in ("imagefolder_vs_baseline", "shards_vs_imagefolder", "gpu_vs_cpu_decoding"):
+    for key in ("imagefolder_vs_baseline", "imagefolder_vs_torchvision", "shards_vs_imagefolder",
+                "gpu_vs_cpu_decoding"):
         if key in body:
             print(f"{key}: ratio of maxima {body[key]['ratio_of_maxima']:.3f}, of medians {body[key]['ratio']:.3f}")
     print(f"wrote {args.out}")
