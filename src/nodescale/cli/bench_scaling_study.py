@@ -10,7 +10,6 @@ the one before (``afterany``: a failed size does not stop the next). ``STUDY/stu
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,22 +124,14 @@ def run(args: argparse.Namespace, train_args: tuple[str, ...], check_plan: Calla
         dependency = f"afterany:{previous}" if args.sequential and previous else None
         if dependency:
             dryrun = scheduler.dryrun(*build_job(flags, job.nodes, command(job), dependency))
-        job.job_id, script = scheduler.queue(dryrun)
-        job.script, job.log = str(script), scheduler.log_path(dryrun.spec, job.job_id)
-        _log_job(scheduler.name, dryrun.spec, job)
+        queued = scheduler.queue(dryrun)
+        job.job_id, job.script, job.log = queued.job_id, queued.script, queued.log
         scaling_study.write(study)
         print(f"submitted {scheduler.name} job {job.job_id}: {job.nodes} node(s), world size {job.world_size}"
               f"{f' (after {previous})' if dependency else ''}\n  log: {job.log}", flush=True)
         previous = job.job_id
     print(f"results as the jobs end: nodescale report {args.out} (or nodescale bench scaling --collect {args.out})")
     return 0
-
-
-def _log_job(scheduler: str, spec: Any, job: Any) -> None:
-    """In launch's job log, so ``nodescale jobs`` lists the study's jobs."""
-    from nodescale.launch.job_log import JobRecord, record
-
-    record(JobRecord(job.job_id, scheduler, spec.job_name, job.script, job.log, str(spec.workdir), time.time()))
 
 
 def print_table(study: Any) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from nodescale.atomic_files import write_text_atomic
 from nodescale.launch import job_array, sweep_manifest
-from nodescale.launch.job_log import JobRecord, record
 from nodescale.launch.schedulers.base import DryRun
 from nodescale.launch.schedulers.batch import BatchScheduler
 from nodescale.launch.spec import JobArray, JobSpec, Preset
@@ -40,26 +39,14 @@ def submit(scheduler: BatchScheduler, sweep: Sweep, jobs: Sequence[DryRun], resu
     for dryrun in jobs:
         spec = dryrun.spec
         assert spec.array is not None, "a sweep's job is an array job"
-        job_id, script = scheduler.queue(dryrun)
-        log = member_log(scheduler.name, spec, job_id)
-        record(JobRecord(job_id, scheduler.name, spec.job_name, str(script), log.replace("{index}", "*"),
-                         str(spec.workdir), time.time(), sweep=str(sweep.directory)))
-        sweep.submissions.append(Submission(job_id, scheduler.name, list(spec.array.indices), resume, log,
+        job = scheduler.queue(dryrun)
+        sweep.submissions.append(Submission(job.job_id, scheduler.name, list(spec.array.indices), resume, job.log,
                                             time.time()))
         sweep_manifest.write(sweep)
         shown = job_array.ranges(spec.array.indices)
-        print(f"submitted {scheduler.name} job {job_id}: sweep members {shown}")
-        print(f"  script: {script}")
-        print(f"  logs:   {log}")
-
-
-def member_log(scheduler: str, spec: JobSpec, job_id: str) -> str:
-    """The members' log path, ``{index}`` where the member's index goes."""
-    number = job_id.split(".")[0].split("[")[0]
-    if scheduler == "slurm":
-        return str(spec.job_dir / f"slurm-{number}_{{index}}.out")
-    single = spec.array is not None and len(spec.array.indices) == 1  # a plain PBS job (-J needs two)
-    return str(spec.job_dir / (f"pbs-{number}.log" if single else f"pbs-{number}[{{index}}].log"))
+        print(f"submitted {scheduler.name} job {job.job_id}: sweep members {shown}")
+        print(f"  script: {job.script}")
+        print(f"  logs:   {job.log}")
 
 
 def run_here(sweep: Sweep, spec: JobSpec, command: Sequence[str], indices: Sequence[int], resume: bool,

@@ -6,6 +6,7 @@ and where it writes the job's output; the steps around them are here, once.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -55,7 +56,8 @@ class BatchScheduler(Scheduler):
 
     @abstractmethod
     def log_path(self, spec: JobSpec, job_id: str) -> str:
-        """Where the scheduler writes the job's output, as the rendered script asks for it."""
+        """Where the scheduler writes the job's output, as the rendered script asks for it (an array's
+        members: ``{index}`` where the member's index goes)."""
 
     def dryrun(self, spec: JobSpec, preset: Preset | None) -> DryRun:
         """The checked job's script, and the submit command with the path it is written to."""
@@ -79,18 +81,16 @@ class BatchScheduler(Scheduler):
         return fit_job(spec, preset, found)
 
     def submit(self, dryrun: DryRun) -> int:
-        """Write the script to a file of its own, submit it, log the job (``nodescale jobs``) and print it."""
-        spec = dryrun.spec
-        job_id, script_path = self.queue(dryrun)
-        log = self.log_path(spec, job_id)
-        record(JobRecord(job_id, self.name, spec.job_name, str(script_path), log, str(spec.workdir), time.time()))
-        print(f"submitted {self.name} job {job_id}")
-        print(f"  script: {script_path}")
-        print(f"  log:    {log}")
+        """Queue the job (:meth:`queue`) and print it."""
+        job = self.queue(dryrun)
+        print(f"submitted {self.name} job {job.job_id}")
+        print(f"  script: {job.script}")
+        print(f"  log:    {job.log}")
         return 0
 
-    def queue(self, dryrun: DryRun) -> tuple[str, Path]:
-        """Write the script to a file of its own and submit it: the job's id and the script's path."""
+    def queue(self, dryrun: DryRun) -> JobRecord:
+        """Write the script to a file of its own, submit it, and log the job (``nodescale jobs``): its record,
+        whose ``log`` has ``{index}`` where an array member's index goes."""
         spec, path = dryrun.spec, Path(dryrun.argv[-1])
         assert dryrun.script is not None, "a batch dry run holds its script"
         spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
@@ -105,7 +105,11 @@ class BatchScheduler(Scheduler):
         job_id = out.splitlines()[-1].split(";")[0].strip() if out else ""
         if not re.match(r"^\d+", job_id):
             raise UserError(f"{argv[0]} output {out!r}", "holds no job id", "check the scheduler's logs")
-        return job_id, script_path
+        sweep = str(spec.array.sweep_dir) if spec.array is not None and spec.array.sweep_dir is not None else ""
+        job = JobRecord(job_id, self.name, spec.job_name, str(script_path), self.log_path(spec, job_id),
+                        str(spec.workdir), time.time(), sweep=sweep)
+        record(dataclasses.replace(job, log=job.log.replace("{index}", "*")))  # `nodescale logs` globs members
+        return job
 
     def cancel(self, job_id: str) -> None:
         """Ask the scheduler to end the job; UserError if it refuses."""

@@ -40,8 +40,12 @@ class Pbs(BatchScheduler):
         return pbs_nodes.read_queue(spec.queue or preset.queue)
 
     def log_path(self, spec: JobSpec, job_id: str) -> str:
+        number = job_id.split(".")[0].split("[")[0]
+        if spec.array is not None:  # the script's -o; one member is a plain job (-J needs two)
+            single = len(spec.array.indices) == 1
+            return str(spec.job_dir / (f"pbs-{number}.log" if single else f"pbs-{number}[{{index}}].log"))
         # PBS names the file after the job's (sanitised) -N name and the number of its id.
-        return str(spec.job_dir / f"{safe_job_name(spec.job_name, limit=MAX_JOB_NAME)}.o{job_id.split('.')[0]}")
+        return str(spec.job_dir / f"{safe_job_name(spec.job_name, limit=MAX_JOB_NAME)}.o{number}")
 
 
 def parse_qstat(out: str, job_ids: Sequence[str]) -> dict[str, str]:

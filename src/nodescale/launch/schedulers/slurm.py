@@ -37,7 +37,10 @@ class Slurm(BatchScheduler):
         return slurm_nodes.read_partition(spec.queue or preset.queue, gpu_type)
 
     def log_path(self, spec: JobSpec, job_id: str) -> str:
-        return str(spec.job_dir / STDOUT_NAME.replace("%j", job_id.split(".")[0]))
+        number = job_id.split(".")[0]
+        if spec.array is not None:
+            return str(spec.job_dir / f"slurm-{number}_{{index}}.out")
+        return str(spec.job_dir / STDOUT_NAME.replace("%j", number))
 
 
 def parse_squeue(out: str) -> dict[str, str]:
