@@ -174,6 +174,9 @@ def test_plot_axes_are_labelled_with_units() -> None:
     assert list(lines["measured"].get_xdata()) == [1, 2]
     eff = {line.get_label(): line for line in efficiency.get_lines()}
     assert list(eff["measured"].get_ydata()) == pytest.approx([100.0, 80.0])
+    assert [t.get_text() for t in throughput.get_xticklabels()] == ["1", "2", "4"]
+    study = scaling_figure(_result([{**row, "nodes": n} for row, n in zip(rows, (1, 2, 4), strict=True)]))
+    assert [t.get_text() for t in study.axes[1].get_xticklabels()] == ["1\n1 node", "2\n2 nodes", "4\n4 nodes"]
 
 
 def test_display_table_marks_unknown_mfu_and_oversubscription_and_shows_tokens_for_language_models() -> None:

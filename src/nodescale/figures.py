@@ -53,12 +53,16 @@ def _step_axis(ax: Axes) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
 
 
-def world_size_axis(ax: Axes, world_sizes: Sequence[int]) -> None:
-    """Processes on a log2 axis with a tick at each measured world size (1, 2, 4... evenly spaced)."""
+def world_size_axis(ax: Axes, world_sizes: Sequence[int], nodes: Sequence[int] | None = None) -> None:
+    """Processes on a log2 axis with a tick at each measured world size (1, 2, 4... evenly spaced); with
+    ``nodes`` (a study across node counts), each tick says its nodes too."""
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(list(world_sizes)))
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([str(n) for n in world_sizes])
+    if nodes:
+        ax.set_xticklabels([f"{n}\n{k} node{'' if k == 1 else 's'}" for n, k in zip(world_sizes, nodes, strict=True)])
+    else:
+        ax.set_xticklabels([str(n) for n in world_sizes])
     ax.set_xlabel(PROCESSES_LABEL)
     if len(world_sizes) == 1:  # a log axis around one point needs explicit limits
         ax.set_xlim(world_sizes[0] / 1.5, world_sizes[0] * 1.5)
@@ -72,6 +76,7 @@ def scaling_figure(result: dict[str, Any]) -> Figure:
     """
     rows = [row for row in result["rows"] if row.get("samples_per_second") is not None]
     sizes = [row["world_size"] for row in result["rows"]]
+    nodes = [row["nodes"] for row in result["rows"]] if all("nodes" in row for row in result["rows"]) else None
     fig = Figure(figsize=(10, 4.2))
     left, right = fig.subplots(1, 2)
     settings = result.get("settings", {})
@@ -89,7 +94,7 @@ def scaling_figure(result: dict[str, Any]) -> Figure:
     left.set_ylabel(THROUGHPUT_LABEL)
     left.set_title("throughput, all processes")
     left.set_ylim(bottom=0)
-    world_size_axis(left, sizes)
+    world_size_axis(left, sizes, nodes)
     left.grid(True, alpha=0.3)
     left.legend()
 
@@ -102,7 +107,7 @@ def scaling_figure(result: dict[str, Any]) -> Figure:
     right.set_title(f"efficiency relative to {base_n} process{'' if base_n == 1 else 'es'}")
     top = max([110.0, *(row["efficiency"] * 100 * 1.1 for row in efficient)])
     right.set_ylim(0, top)
-    world_size_axis(right, sizes)
+    world_size_axis(right, sizes, nodes)
     right.grid(True, alpha=0.3)
     right.legend()
     return fig
