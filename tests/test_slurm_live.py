@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_env, run_cli
+from nodescale.launch import sweep_manifest
 from scheduler_fixtures import OwnSlurm, own_slurm_cluster
 
 pytestmark = pytest.mark.multiproc
@@ -120,13 +121,20 @@ def wait_until_idle(cluster: OwnSlurm, timeout: float = 120) -> None:
         time.sleep(1)
 
 
+MEMBER = ("import os; os.write(1, ('MEMBER ' + os.environ['NODESCALE_SWEEP_WORD'] + ' ' + os.environ['SLURM_JOB_ID'] "
+          "+ ' ' + os.environ['SLURMD_NODENAME'] + chr(10)).encode())")
+
+
 @pytest.mark.slow
 def test_launch_inside_salloc_starts_a_step_there(cluster: OwnSlurm, tmp_path: Path) -> None:
+    """One allocation: a launch runs as a step there, then a sweep's two members run one after another as steps."""
     wait_until_idle(cluster)
     before = job_ids(cluster)
-    argv = ["salloc", "-N2", "-c2", "--time=3", sys.executable, "-m", "nodescale", "launch", "--scheduler", "slurm",
-            "--cluster", "generic-slurm", "--nodes", "2", "--gpus-per-node", "0", "--nproc-per-node", "2",
-            "--job-dir", "jobs", "--", sys.executable, "-c", PRINT_RANK]
+    launch = [sys.executable, "-m", "nodescale", "launch", "--scheduler", "slurm", "--cluster", "generic-slurm",
+              "--nodes", "2", "--gpus-per-node", "0", "--job-dir", "jobs"]
+    both = (f"{shlex.join([*launch, '--nproc-per-node', '2', '--', sys.executable, '-c', PRINT_RANK])} && "
+            f"{shlex.join([*launch, '--sweep', 'word=a,b', '--', sys.executable, '-c', MEMBER])}")
+    argv = ["salloc", "-N2", "-c2", "--time=3", "bash", "-c", both]
     try:
         # Generous: a node that misses one ping under load leaves the partition until the next (PartitionConfig).
         result = subprocess.run(argv, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=360)
@@ -141,8 +149,16 @@ def test_launch_inside_salloc_starts_a_step_there(cluster: OwnSlurm, tmp_path: P
     ranks = RANK_LINE.findall(output)
     assert sorted(rank for rank, _, _ in ranks) == ["0", "1", "2", "3"], output
     assert {host for _, host, _ in ranks} == {"node1", "node2"} and {job for _, _, job in ranks} == {allocation}
-    assert job_ids(cluster) - before == {allocation}  # no job but salloc's own
+    assert job_ids(cluster) - before == {allocation}  # no job but salloc's own, the sweep's members included
     assert "scontrol requeue" not in next((tmp_path / "jobs").glob("*-step-*.sh")).read_text()
+    assert f"nodescale: in slurm allocation {allocation}: each member runs as a step there" in output
+    sweep = next((tmp_path / "jobs" / "sweeps").iterdir())
+    for index, word in enumerate("ab"):
+        text = (sweep / "logs" / f"{index}.log").read_text()
+        assert sorted(re.findall(rf"^{LABEL}(MEMBER .+)$", text, re.M)) == [
+            f"MEMBER {word} {allocation} node1", f"MEMBER {word} {allocation} node2"], text
+        assert sweep_manifest.exit_code(sweep, index) == 0
+    assert "2 members run, 0 failed" in output
 
 
 @pytest.mark.slow
@@ -150,11 +166,20 @@ def test_launch_inside_an_interactive_pbs_job_runs_mpiexec_there(tmp_path: Path,
     # qsub -I gives a shell on the first node with the job's variables; PBS_ENVIRONMENT says interactive.
     shell = tmp_path / "interactive.sh"
     rank = "import os; os.write(1, ('PBSRANK ' + os.environ['RANK'] + chr(10)).encode())"
-    shell.write_text(f"cd {tmp_path}\nexec {sys.executable} -m nodescale launch --scheduler pbs --cluster generic-pbs "
-                     f"--nodes 2 --gpus-per-node 0 --job-dir jobs -- {sys.executable} -c {shlex.quote(rank)}\n")
+    member = "import os; os.write(1, ('WORD ' + os.environ['NODESCALE_SWEEP_WORD'] + chr(10)).encode())"
+    launch = (f"{sys.executable} -m nodescale launch --scheduler pbs --cluster generic-pbs --nodes 2 --gpus-per-node 0 "
+              "--job-dir jobs")
+    shell.write_text(f"cd {tmp_path}\n{launch} -- {sys.executable} -c {shlex.quote(rank)} && "
+                     f"{launch} --sweep word=a,b -- {sys.executable} -c {shlex.quote(member)}\n")
     result = pbs_run(shell, 2, env={"PBS_ENVIRONMENT": "PBS_INTERACTIVE",
                                     "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
     assert result.returncode == 0, result.output
     assert f"nodescale: in pbs allocation {result.job_id}: starting the job as a step there" in result.output
     assert sorted(re.findall(rf"^{LABEL}PBSRANK (\d)$", result.output, re.M)) == ["0", "1"], result.output
-    assert sorted(result.daemons) == ["127.0.0.2", "127.0.0.3"], result  # mpiexec's daemons on both nodes
+    # mpiexec's daemons on both nodes: for the launch, then for each of the sweep's 2 members
+    assert sorted(result.daemons) == ["127.0.0.2"] * 3 + ["127.0.0.3"] * 3, result
+    assert f"nodescale: in pbs allocation {result.job_id}: each member runs as a step there" in result.output
+    sweep = next((tmp_path / "jobs" / "sweeps").iterdir())
+    for index, word in enumerate("ab"):  # one line from each of the 2 ranks
+        assert re.findall(rf"^{LABEL}(WORD \w)$", (sweep / "logs" / f"{index}.log").read_text(), re.M) == [
+            f"WORD {word}"] * 2

@@ -125,18 +125,24 @@ def resubmit(args: argparse.Namespace) -> int:
 def _go(args: argparse.Namespace, spec: Any, preset: Any, sweep: Sweep, command: list[str], indices: list[int],
         notes: list[str], resume: bool = False) -> int:
     from nodescale.cli.launch_cmd import _count
+    from nodescale.launch.schedulers.allocation import AllocationStep, step_scheduler
     from nodescale.launch.schedulers.table import BATCH
 
     concurrent = _count("--max-concurrent", args.max_concurrent)
     print(f"sweep {sweep.name}: {len(indices)} member(s), directory {sweep.directory}")
     for note in notes:
         print(f"  note: {note}")
-    local = spec.scheduler == "local"
+    # Inside an allocation this shell holds (salloc, qsub -I), the members are steps there, not new jobs.
+    step = step_scheduler(BATCH[spec.scheduler]) if spec.scheduler in BATCH else None
+    local = spec.scheduler == "local" or step is not None
     jobs = [] if local else sweep_submit.dryruns(BATCH[spec.scheduler], spec, preset, sweep, command, indices,
                                                  concurrent)
     if args.dry_run:
         sweep_submit.print_table(sweep, indices)
-        if local:
+        if isinstance(step, AllocationStep):
+            print(f"# runs in {step.name} allocation {step.job_id}, {concurrent or 1} at a time: each member a step "
+                  "there with its settings")
+        elif local:
             print(f"# runs here, {concurrent or 1} at a time: each member's command with its settings")
         for job in jobs:
             print(job.show(), end="")
@@ -146,7 +152,10 @@ def _go(args: argparse.Namespace, spec: Any, preset: Any, sweep: Sweep, command:
     sweep.directory.mkdir(parents=True, exist_ok=True)
     sweep_manifest.write(sweep)
     if local:
-        return sweep_submit.run_here(sweep, spec, command, indices, resume, concurrent)
+        if step is not None:
+            print(f"nodescale: in {step.name} allocation {step.job_id}: each member runs as a step there (no new "
+                  "job)", flush=True)
+        return sweep_submit.run_here(sweep, spec, command, indices, resume, concurrent, step, preset)
     sweep_submit.submit(BATCH[spec.scheduler], sweep, jobs, resume)
     return 0
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from nodescale.atomic_files import write_text_atomic
 from nodescale.launch import job_array, sweep_manifest
-from nodescale.launch.schedulers.base import DryRun
-from nodescale.launch.schedulers.batch import BatchScheduler
+from nodescale.launch.schedulers.base import DryRun, Scheduler
+from nodescale.launch.schedulers.batch import BatchScheduler, new_script_file
 from nodescale.launch.spec import JobArray, JobSpec, Preset
 from nodescale.launch.sweep import member_command
 from nodescale.launch.sweep_manifest import Submission, Sweep
@@ -50,11 +50,10 @@ def submit(scheduler: BatchScheduler, sweep: Sweep, jobs: Sequence[DryRun], resu
 
 
 def run_here(sweep: Sweep, spec: JobSpec, command: Sequence[str], indices: Sequence[int], resume: bool,
-             max_concurrent: int | None) -> int:
-    """Run the members on this machine, ``max_concurrent`` at once (default one after another); a failed member
-    does not stop the others. Each member's output goes to its log, its exit code to its status file."""
-    from nodescale.launch.schedulers.local import Local
-
+             max_concurrent: int | None, step: Scheduler | None = None, preset: Preset | None = None) -> int:
+    """Run the members from here, ``max_concurrent`` at once (default one after another): on this machine, or
+    each as a ``step`` of the allocation this shell holds (salloc, qsub -I). A failed member does not stop the
+    others. Each member's output goes to its log, its exit code to its status file."""
     log = str(sweep.directory / "logs" / "{index}.log")
     sweep.submissions.append(Submission("local", "local", list(indices), resume, log, time.time()))
     sweep_manifest.write(sweep)
@@ -66,10 +65,11 @@ def run_here(sweep: Sweep, spec: JobSpec, command: Sequence[str], indices: Seque
             while waiting and len(running) < (max_concurrent or 1):
                 index = waiting.pop(0)
                 argv, env = member_command(sweep, members[index], command, resume)
-                dryrun = Local().dryrun(spec.model_copy(update={"command": argv, "env": {**spec.env, **env}}), None)
+                argv, env = _started_by(spec.model_copy(update={"command": argv, "env": {**spec.env, **env}}),
+                                        step, preset)
                 with open(log.format(index=index), "ab") as out:
-                    running[index] = subprocess.Popen(list(dryrun.argv), env={**os.environ, **dryrun.env},
-                                                      cwd=spec.workdir, stdout=out, stderr=subprocess.STDOUT)
+                    running[index] = subprocess.Popen(argv, env={**os.environ, **env}, cwd=spec.workdir, stdout=out,
+                                                      stderr=subprocess.STDOUT)
             time.sleep(0.05)
             for index, process in list(running.items()):
                 if process.poll() is None:
@@ -89,6 +89,19 @@ def run_here(sweep: Sweep, spec: JobSpec, command: Sequence[str], indices: Seque
           + (f" ({', '.join(map(str, sorted(failed)))}: `nodescale launch --resubmit-failed "
              f"{sweep.directory}` runs them again)" if failed else ""))
     return 1 if failed else 0
+
+
+def _started_by(spec: JobSpec, step: Scheduler | None, preset: Preset | None) -> tuple[list[str], dict[str, str]]:
+    """What starts one member: the local launcher, or the allocation's step script (written here)."""
+    if step is None:
+        from nodescale.launch.schedulers.local import Local
+
+        dryrun = Local().dryrun(spec, None)
+        return list(dryrun.argv), dict(dryrun.env)
+    dryrun = step.dryrun(spec, preset)
+    assert dryrun.script is not None, "a step's dry run holds its script"
+    spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+    return ["bash", str(new_script_file(spec.job_dir, Path(dryrun.argv[-1]).stem, dryrun.script))], {}
 
 
 def failed_members(sweep: Sweep) -> tuple[list[int], dict[str, int]]:
