@@ -158,7 +158,12 @@ def test_failed_slurm_job_names_its_first_failed_rank(slurm: SlurmCluster, tmp_p
     followed = run_cli(["logs", job_id, "--follow"], cwd=tmp_path, timeout=180).stdout
     assert slurm.wait_until_done(job_id, 30) == "FAILED"
     output = log.read_text()
-    assert followed.startswith(output), followed  # then the .err: srun's messages
+    # Both files as they grew: the .out's lines in their order, srun's .err lines wherever a poll found them.
+    err = log.with_suffix(".err")
+    shown, errors = followed.splitlines(), err.read_text().splitlines() if err.exists() else []
+    assert sorted(shown) == sorted(output.splitlines() + errors), followed
+    assert [line for line in shown if line not in errors] == [line for line in output.splitlines()
+                                                              if line not in errors], followed
     bad = re.search(r"^\d+: \[rank(\d)\]:hello from rank \1 on node2$", output, re.M)
     assert bad, output
     rank, other = int(bad[1]), 1 - int(bad[1])
