@@ -9,7 +9,7 @@
 # Everything lives in BASE (config, munge key and socket, state, logs, pid files), and the
 # ports are picked free at start, so two clusters in two BASE folders do not meet, and a
 # cluster left running in BASE by an earlier run is taken down before a new one starts.
-# Each node has CPUs=$(nproc): a job asking for one task with every core per node fits, and
+# Each node has this machine's cores (nproc, OMP_NUM_THREADS ignored): a job asking for one task with every core per node fits, and
 # RealMemory=2000 (MB), so that a --mem above it is refused as on a real cluster.
 # GPUS > 0 gives each node that many fake GPUs (GRES backed by /dev/null): Slurm then accepts
 # and schedules --gres=gpu:N requests; the jobs still run on the CPU.
@@ -99,6 +99,10 @@ up() {
     local host user ports ctl_port nodes="" gres="" gres_types="" i first_job_id=$((1000 + RANDOM % 13000))
     host=$(hostname -s)
     user=$(id -un)
+    # nproc honours OMP_NUM_THREADS: a test process that set it to 1 made 1-CPU nodes, where salloc -c2 pended
+    # for ever (PartitionConfig).
+    local cpus
+    cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
     read -r -a ports <<<"$(free_ports $((n + 1)))"
     ctl_port=${ports[0]}
     if [ "$gpus" -gt 0 ]; then
@@ -110,7 +114,7 @@ up() {
     fi
     for i in $(seq 1 "$n"); do
         mkdir -p "$base/spool/node$i"
-        nodes+="NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=${ports[$i]} CPUs=$(nproc) RealMemory=2000$gres State=UNKNOWN"$'\n'
+        nodes+="NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=${ports[$i]} CPUs=$cpus RealMemory=2000$gres State=UNKNOWN"$'\n'
     done
     cat >"$base/slurm.conf" <<EOF
 # Written by scripts/slurm-local.sh: $n fake nodes on this host.
