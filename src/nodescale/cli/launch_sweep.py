@@ -125,7 +125,7 @@ def resubmit(args: argparse.Namespace) -> int:
 def _go(args: argparse.Namespace, spec: Any, preset: Any, sweep: Sweep, command: list[str], indices: list[int],
         notes: list[str], resume: bool = False) -> int:
     from nodescale.cli.launch_cmd import _count
-    from nodescale.launch.schedulers.allocation import AllocationStep, step_scheduler
+    from nodescale.launch.schedulers.allocation import step_scheduler
     from nodescale.launch.schedulers.table import BATCH
 
     concurrent = _count("--max-concurrent", args.max_concurrent)
@@ -139,7 +139,7 @@ def _go(args: argparse.Namespace, spec: Any, preset: Any, sweep: Sweep, command:
                                                  concurrent)
     if args.dry_run:
         sweep_submit.print_table(sweep, indices)
-        if isinstance(step, AllocationStep):
+        if step is not None:
             print(f"# runs in {step.name} allocation {step.job_id}, {concurrent or 1} at a time: each member a step "
                   "there with its settings")
         elif local:

@@ -12,14 +12,18 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nodescale.atomic_files import write_text_atomic
 from nodescale.launch import job_array, sweep_manifest
-from nodescale.launch.schedulers.base import DryRun, Scheduler
-from nodescale.launch.schedulers.batch import BatchScheduler, new_script_file
+from nodescale.launch.schedulers.base import DryRun
+from nodescale.launch.schedulers.batch import BatchScheduler
 from nodescale.launch.spec import JobArray, JobSpec, Preset
 from nodescale.launch.sweep import member_command
 from nodescale.launch.sweep_manifest import Submission, Sweep
+
+if TYPE_CHECKING:
+    from nodescale.launch.schedulers.allocation import AllocationStep
 
 WRAPPER = ("nodescale", "sweep-member")  # nodescale.cli.main.SWEEP_MEMBER
 
@@ -50,7 +54,7 @@ def submit(scheduler: BatchScheduler, sweep: Sweep, jobs: Sequence[DryRun], resu
 
 
 def run_here(sweep: Sweep, spec: JobSpec, command: Sequence[str], indices: Sequence[int], resume: bool,
-             max_concurrent: int | None, step: Scheduler | None = None, preset: Preset | None = None) -> int:
+             max_concurrent: int | None, step: AllocationStep | None = None, preset: Preset | None = None) -> int:
     """Run the members from here, ``max_concurrent`` at once (default one after another): on this machine, or
     each as a ``step`` of the allocation this shell holds (salloc, qsub -I). A failed member does not stop the
     others. Each member's output goes to its log, its exit code to its status file."""
@@ -91,17 +95,14 @@ def run_here(sweep: Sweep, spec: JobSpec, command: Sequence[str], indices: Seque
     return 1 if failed else 0
 
 
-def _started_by(spec: JobSpec, step: Scheduler | None, preset: Preset | None) -> tuple[list[str], dict[str, str]]:
+def _started_by(spec: JobSpec, step: AllocationStep | None, preset: Preset | None) -> tuple[list[str], dict[str, str]]:
     """What starts one member: the local launcher, or the allocation's step script (written here)."""
     if step is None:
         from nodescale.launch.schedulers.local import Local
 
         dryrun = Local().dryrun(spec, None)
         return list(dryrun.argv), dict(dryrun.env)
-    dryrun = step.dryrun(spec, preset)
-    assert dryrun.script is not None, "a step's dry run holds its script"
-    spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-    return ["bash", str(new_script_file(spec.job_dir, Path(dryrun.argv[-1]).stem, dryrun.script))], {}
+    return ["bash", str(step.script_file(step.dryrun(spec, preset)))], {}
 
 
 def failed_members(sweep: Sweep) -> tuple[list[int], dict[str, int]]:

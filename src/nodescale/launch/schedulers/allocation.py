@@ -61,7 +61,7 @@ def cpus_per_node(text: str) -> list[int]:
     return counts
 
 
-def step_scheduler(batch: BatchScheduler, env: Mapping[str, str] | None = None) -> Scheduler | None:
+def step_scheduler(batch: BatchScheduler, env: Mapping[str, str] | None = None) -> AllocationStep | None:
     """The scheduler that starts the job as a step of the allocation this shell holds; None outside one."""
     env = os.environ if env is None else env
     if batch.name == "slurm" and env.get("SLURM_JOB_ID"):
@@ -109,12 +109,15 @@ class AllocationStep(Scheduler):
         stem = f"{safe_job_name(spec.job_name)}-step-{time.strftime('%Y%m%d-%H%M%S')}"
         return DryRun(spec, ("bash", str(spec.job_dir / f"{stem}.sh")), script=self.batch.render(spec, preset))
 
+    def script_file(self, dryrun: DryRun) -> Path:
+        """The step's script, written to a file of its own in the job directory."""
+        assert dryrun.script is not None, "a step's dry run holds its script"
+        dryrun.spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        return new_script_file(dryrun.spec.job_dir, Path(dryrun.argv[-1]).stem, dryrun.script)
+
     def submit(self, dryrun: DryRun) -> int:
         """Write the script and run it here: its launch lines start the step; the exit code is the step's."""
-        spec = dryrun.spec
-        assert dryrun.script is not None, "a step's dry run holds its script"
-        spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-        path = new_script_file(spec.job_dir, Path(dryrun.argv[-1]).stem, dryrun.script)
+        path = self.script_file(dryrun)
         print(f"nodescale: in {self.name} allocation {self.job_id}: starting the job as a step there "
               f"(no new job, no requeue); script {path}", file=sys.stderr, flush=True)
         try:
