@@ -101,6 +101,20 @@ def test_the_loss_is_the_mean_token_cross_entropy_and_accuracy_the_share_of_righ
     assert right.mean().item() == pytest.approx((logits.argmax(-1) == target).float().mean().item())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_logits_give_the_fp32_loss_and_a_gradient_of_their_own_dtype(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 5, 64) * 4).to(dtype).requires_grad_()
+    target = torch.randint(0, 64, (3, 5))
+    losses = per_sample_loss(logits, target, "language_modeling")  # read as they are, not copied to fp32 first
+    exact = F.cross_entropy(logits.detach().double().flatten(0, 1), target.flatten(), reduction="none").view(3, 5)
+    assert losses.dtype == torch.float32
+    # fp32 sums of 64 exponentials: a few units of fp32's last place, far inside 1e-5
+    assert torch.allclose(losses.double(), exact.mean(dim=1), rtol=1e-5, atol=0)
+    (grad,) = torch.autograd.grad(losses.sum(), logits)
+    assert grad.dtype == dtype
+
+
 def test_a_sequence_longer_than_the_context_is_refused() -> None:
     with pytest.raises(UserError) as error, torch.device("meta"):
         build_model(ModelSection(name="gpt2_small"), lm_spec(1025, 50257))

@@ -44,8 +44,9 @@ def train(ctx: Context, cfg: RunConfig, model: torch.nn.Module, optimizer: torch
             with ctx.autocast():
                 output = model_output(model(x))
             batch_loss = loss(output, y).mean()  # ctx.backward makes it the global mean over the step's samples
-            ctx.backward(batch_loss)
             metrics.add(batch_loss, output, y, loader.real_count)
+            del output  # not kept through backward: a language model's logits are the step's largest tensor
+            ctx.backward(batch_loss)
             if not ctx.step(optimizer):
                 continue  # accumulating: the window's last micro-batch steps
             scheduler.step()
