@@ -28,9 +28,11 @@ CUDA = torch.device("cuda")
 
 
 def _jpeg(rng: np.random.Generator, height: int, width: int) -> bytes:
+    """Full-resolution colour (4:4:4): nvJPEG and libjpeg then decode the same pixels. With 4:2:0 they
+    upsample the colour differently (5.5 levels in the mean, 34 at most on these hard edges: H100, 2026-11-27)."""
     coarse = Image.fromarray(rng.integers(0, 255, (6, 6, 3), dtype=np.uint8)).resize((width, height))
     buffer = io.BytesIO()
-    coarse.save(buffer, format="JPEG", quality=95)
+    coarse.save(buffer, format="JPEG", quality=95, subsampling=0)
     return buffer.getvalue()
 
 
@@ -48,9 +50,11 @@ def test_gpu_decoding_matches_the_cpu_path(image_size: int | None) -> None:
     gpu, labels = decoder([encoded, torch.arange(len(files))])
     cpu = torch.stack([normalised(decode(io.BytesIO(f), image_size)) for f in files])
     assert gpu.device.type == "cuda" and gpu.shape == cpu.shape and labels.tolist() == list(range(len(files)))
-    # Different IDCTs and resamplers: close in the mean, a few levels of 255 at most per pixel.
-    difference = (gpu.cpu() - cpu).abs() * 0.226 * 255  # back to pixel levels
-    assert difference.mean() < 2.0 and difference.max() < 40
+    difference = (gpu.cpu() - cpu).abs() * 0.229 * 255  # back to pixel levels (the largest std: an upper bound)
+    if image_size is None:  # the same decoded pixels, standardised in float32 by both
+        assert difference.max() < 0.01
+    else:  # two antialiased bilinear resamplers, each rounding to uint8: a few levels apart on hard edges
+        assert difference.mean() < 1.0 and difference.max() < 8.0
 
 
 def test_augmentation_on_the_gpu_matches_the_cpu() -> None:
@@ -71,6 +75,6 @@ def test_training_on_gpu_decoded_augmented_shards(tmp_path: Path) -> None:
         out = tmp_path / f"run-{dataset}"
         run_cli(["train", "--dataset", dataset, "--data-dir", where, "--nproc", "1", "--model", "cnn",
                  "--batch-size", "8", "--max-steps", "6", "--decode", "gpu", "--augment", "--set",
-                 "data.image_size=32", "--out", str(out), "--no-progress"], tmp_path, timeout=600)
+                 "data.image_size=32", "--out", str(out), "--no-progress"], tmp_path, timeout=120)
         summary = read_summary(out)
         assert summary["global_steps"] == 6 and np.isfinite(summary["val_loss"]), summary
