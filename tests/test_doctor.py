@@ -10,6 +10,7 @@ hand (the srun/mpiexec path, where rank 0 hosts the store).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -521,7 +522,7 @@ def fake_sysfs(root: Path, node_cpus: dict[int, str], gpus: dict[str, str]) -> P
 
 
 def test_numa_nodes_of_cpus_and_gpus_from_sysfs(tmp_path: Path) -> None:
-    from nodescale.doctor import numa
+    from nodescale.distributed import numa_nodes as numa
 
     sys_root = fake_sysfs(tmp_path, {0: "0-3,8-11", 1: "4-7,12-15"}, {"0000:3b:00.0": "0", "0000:dc:00.0": "-1"})
     nodes = numa.node_cpus(sys_root)
@@ -531,6 +532,52 @@ def test_numa_nodes_of_cpus_and_gpus_from_sysfs(tmp_path: Path) -> None:
     assert numa.gpu_node("0000:dc:00.0", sys_root) is None  # -1: the kernel does not know
     assert numa.gpu_node("0000:01:00.0", sys_root) is None  # no such device
     assert numa.parse_cpulist("0-1,x") == set() and numa.parse_cpulist("") == set()
+
+
+def test_torchrun_worker_binds_near_its_gpu_where_nothing_bound_it(tmp_path: Path) -> None:
+    from nodescale.distributed import cpu_binding, numa_nodes
+
+    nodes = numa_nodes.node_cpus(fake_sysfs(tmp_path / "two", {0: "0-3,8-11", 1: "4-7,12-15"}, {}))
+    every = set(range(16))
+
+    def chose(allowed: set[int], gpu: int | None, rule: str = "", local_rank: int = 1) -> set[int] | None:
+        choice = cpu_binding.choose(local_rank, allowed, nodes, gpu, rule)
+        assert choice.warn is False, choice.why
+        return None if choice.cpus is None else set(choice.cpus)
+
+    assert chose(every, 1) == nodes[1]
+    assert chose(set(range(6)), 1) == {4, 5}  # only what the scheduler allows
+    assert chose({0, 1, 2}, 1) is None  # bound within one node already (srun --cpu-bind, torchrun): left alone
+    assert chose(every, None) is None and chose(every, 1, "none") is None
+    assert chose(every, 0, "", 0) == nodes[0]
+    assert chose(every, None, "mask_cpu:0x3,0x30") == {4, 5}  # the preset's rule: entry LOCAL_RANK
+    assert chose(every, None, "mask_cpu:0x3,0x30", 2) == {0, 1}  # reused from the start, as Slurm does
+    assert chose(every, 0, "map_ldom:1,0", 0) == nodes[1] and chose(every, 0, "list:0-1:8-9") == {8, 9}
+    one_node = numa_nodes.node_cpus(fake_sysfs(tmp_path / "one", {0: "0-15"}, {}))
+    assert cpu_binding.choose(0, every, one_node, 0).cpus is None
+    for rule, allowed in (("mask_cpu:zz", every), ("mask_cpu:0xc000", {0, 1, 4, 5})):
+        assert cpu_binding.choose(0, allowed, nodes, 0, rule).warn  # unreadable rule; no allowed CPU in it
+
+    # The real call, on this process: bound, then left alone once bound; other launchers untouched.
+    first, *rest = sorted(os.sched_getaffinity(0))
+    if not rest:
+        pytest.skip("one CPU: nothing to bind")
+    sys_root = fake_sysfs(tmp_path / "here", {0: str(first), 1: ",".join(map(str, rest))}, {})
+    before = os.sched_getaffinity(0)
+    cpu_binding._warned.clear()
+    with pytest.warns(UserWarning, match="CPU binding: .*not a per-task list.*NODESCALE_CPU_BIND=none") as told:
+        for _ in range(2):  # one warning a process, never an error
+            bad_rule = {"NODESCALE_CPU_BIND": "map_cpu:x"}
+            assert cpu_binding.bind_near_gpu("torchrun", 0, "cpu", bad_rule, sys_root) is None
+    assert len(told) == 1
+    try:
+        assert cpu_binding.bind_near_gpu("slurm", 0, "cpu", {"NODESCALE_CPU_BIND": "map_ldom:1"}, sys_root) is None
+        assert cpu_binding.bind_near_gpu("torchrun", 0, "cpu", {"NODESCALE_CPU_BIND": "map_ldom:1"},
+                                         sys_root) == set(rest) == os.sched_getaffinity(0)
+        assert cpu_binding.bind_near_gpu("torchrun", 0, "cpu", {"NODESCALE_CPU_BIND": "map_ldom:0"},
+                                         sys_root) is None  # within one NUMA node now
+    finally:
+        cpu_binding.set_affinity(before)
 
 
 def test_rank_whose_cpus_are_not_on_its_gpus_numa_node_warns() -> None:

@@ -8,6 +8,7 @@ on node2 raises) checks the whole path: its log's last lines, ``--rank 1``, ``--
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from conftest import run_cli
 from nodescale.errors import UserError
 from nodescale.launch.first_failure import first_failure, placed_hosts, summary, summary_of_logs
 from nodescale.launch.rank_logs import Line, line_filter, parse, parse_line
-from scheduler_fixtures import SlurmCluster
+from scheduler_fixtures import SlurmCluster, search_path
 from test_launch_schedulers import isolated, launch_slurm, slurm, submitted  # noqa: F401 (fixtures)
 
 # A 2-node torchrun job as srun --label and torchrun --tee 3 print it (torch 2.13, trimmed):
@@ -261,3 +262,33 @@ def test_rank_0_passes_through_and_the_log_gets_plain_lines(tmp_path: Path, caps
     assert bar.decode() in terminal.out and "[rank0]" not in terminal.out
     assert terminal.err == "[rank1]: a warning\n"  # stderr stays stderr
     assert sorted(log.getvalue().splitlines()) == ["[rank0]: epoch 1/1 done", "[rank1]: a warning"]
+
+
+@pytest.mark.multiproc
+def test_logs_of_a_pbs_job_by_its_id(tmp_path: Path, pbs_run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Submitted through a stand-in qsub (no PBS server here), so the job record is the real one; then run as
+    PBS runs it under real mpiexec, and read back by its id: one rank, a pattern, and --follow to the end."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "qsub").write_text("#!/bin/sh\necho 4243.pbsserver\n")
+    # The job has ended (F) for --follow; qstat -x columns: id, name, user, time, state, queue.
+    (bin_dir / "qstat").write_text("#!/bin/sh\necho '4243.pbsserver  nodescale  me  00:00:01 F workq'\n")
+    for stand_in in bin_dir.iterdir():
+        stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{search_path()}")  # the registry: `isolated`'s
+    hello = "import os; r = os.environ['RANK']; print(f'hello from rank {r}'); print(f'bye from rank {r}')"
+    result = run_cli(["launch", "--cluster", "generic-pbs", "--nodes", "2", "--gpus-per-node", "1",
+                      "--nproc-per-node", "1", "--mode", "per-gpu", "--job-dir", "jobs", "--", "python3", "-c", hello],
+                     cwd=tmp_path)
+    script = Path(re.search(r"^  script: (.+)$", result.stdout, re.M).group(1))
+    assert "4243.pbsserver" in result.stdout, result.stdout
+    job = pbs_run(script, 2, mpiexec="mpich", workdir=tmp_path, job_id="4243.pbsserver",
+                  env={name: os.environ[name] for name in ("PYTHONPATH",) if name in os.environ})
+    assert job.returncode == 0, job.output
+
+    def logs(*options: str) -> list[str]:
+        return run_cli(["logs", "4243.pbsserver", *options], cwd=tmp_path).stdout.splitlines()
+
+    assert logs("--rank", "1") == ["hello from rank 1", "bye from rank 1"]
+    assert sorted(logs("--grep", "^bye")) == ["[0] bye from rank 0", "[1] bye from rank 1"]  # as labelled
+    assert logs("--rank", "0", "--grep", "hello", "--follow") == ["hello from rank 0"]

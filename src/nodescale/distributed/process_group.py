@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nodescale.distributed import cpu_binding
 from nodescale.distributed.env import DistEnv
 from nodescale.distributed.ports import listening_socket
 
@@ -112,6 +113,7 @@ def start(env: DistEnv, backend: str = "auto", timeout_s: float = 600.0, group: 
           tensor_parallel: int = 1) -> Runtime:
     """Bind this process to its device and, if ``group``, join the process group (``tensor_parallel``: --tp)."""
     device = select_device(env)
+    cpu_binding.bind_near_gpu(env.source, env.local_rank, device)  # before the data loaders start their threads
     if not group:
         return Runtime(env, device, None, timeout_s=timeout_s)
     name = choose_backend(backend, device)

@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from nodescale.distributed import numa_nodes as numa
 from nodescale.distributed.env import DistEnv
-from nodescale.doctor import host, names, numa
+from nodescale.doctor import host, names
 
 # Scheduler variables the launch checks compare with the run (only these are sent: the rest of
 # a job's environment may hold tokens and has no business in a report).

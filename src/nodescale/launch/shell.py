@@ -20,6 +20,7 @@ import re
 import shlex
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from nodescale.distributed import cpu_binding
 from nodescale.distributed.env import DEFAULT_PORT, JOB_PORT_BASE, JOB_PORT_SPAN
 from nodescale.errors import UserError
 from nodescale.launch.job_options import PythonEnv
@@ -263,9 +264,17 @@ def prologue_lines(spec: JobSpec, preset: Preset, cd_comment: Sequence[str]) -> 
         [*cd_comment, f"cd {quote(str(spec.workdir))}"],
         unset_block(),
         software_block(spec, preset),
-        env_block(preset.env, spec.env),
+        env_block({**preset.env, **worker_binding_env(spec, preset)}, spec.env),
     ]
     return paragraphs(blocks)
+
+
+def worker_binding_env(spec: JobSpec, preset: Preset) -> dict[str, str]:
+    """torchrun mode: the preset's per-task CPU list (srun binds one task per node), for each worker to apply."""
+    bind = preset.cpu_bind
+    if spec.mode == "torchrun" and bind and bind.startswith(cpu_binding.PER_TASK_BINDINGS):
+        return {cpu_binding.VARIABLE: bind}
+    return {}
 
 
 def paragraphs(blocks: Iterable[Sequence[str]]) -> list[str]:

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nodescale.distributed.cpu_binding import PER_TASK_BINDINGS
 from nodescale.launch.rank_labels import ONE_STREAM, TORCHRUN_PREFIX, TORCHRUN_TEE
 from nodescale.launch.shell import INDENT, join, quote
 from nodescale.launch.spec import Container, JobSpec, Preset
 
 ARGS_COMMENT = '# The command reaches the script below as its arguments ("$@"), never re-quoted.'
-
-# CPU bindings that list one entry per task (Slurm map_/mask_ lists, PALS list:/mask:). In
-# the modes with one task per node that task hosts every process of the node and would be
-# confined to the first entry's cores, so these apply to per-gpu mode only.
-_PER_TASK_BINDINGS = ("map_", "mask_", "list:", "mask:")
 
 
 def local_addr_line() -> str:
@@ -151,8 +147,12 @@ def cpus_per_task(spec: JobSpec, preset: Preset) -> int:
 
 
 def cpu_bind_for(spec: JobSpec, preset: Preset) -> str | None:
-    """The preset's CPU binding for this job's launch, or None where it does not apply."""
+    """The preset's CPU binding for this job's launch, or None where it does not apply.
+
+    A per-task list (PER_TASK_BINDINGS) in a mode with one task per node would confine all of the
+    node's processes to the first entry's cores: there torchrun's workers apply it themselves.
+    """
     bind = preset.cpu_bind
-    if bind and spec.mode != "per-gpu" and bind.startswith(_PER_TASK_BINDINGS):
+    if bind and spec.mode != "per-gpu" and bind.startswith(PER_TASK_BINDINGS):
         return None
     return bind
