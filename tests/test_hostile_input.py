@@ -214,9 +214,9 @@ def test_cli_train_refuses_before_starting(flags: list[str]) -> None:
 
 
 # launch's scheduler-option and software flags (cli/launch_flags.py).
-NEW_LAUNCH_FLAGS = ["--mem", "--constraint", "--exclude", "--exclude-from", "--nodelist", "--qos", "--reservation", "--dependency",
-                    "--mail-type", "--mail-user", "--directive", "--cpus-per-task", "--module", "--setup",
-                    "--container", "--container-bind"]
+NEW_LAUNCH_FLAGS = ["--mem", "--constraint", "--exclude", "--exclude-from", "--nodelist", "--qos", "--reservation",
+                    "--dependency", "--mail-type", "--mail-user", "--directive", "--cpus-per-task", "--module",
+                    "--setup", "--container", "--container-bind"]
 launch_options = st.lists(st.one_of(
     st.tuples(st.sampled_from(["--scheduler", "--cluster", "--nodes", "--gpus-per-node", "--nproc-per-node", "--mode",
                                "--time", "--account", "--queue", "--job-name", "--job-dir", "--env",
