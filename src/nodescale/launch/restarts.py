@@ -10,7 +10,9 @@ and srun's ``--kill-on-bad-exit`` ends the step. So the loop lives in the batch 
 2. after a failed step, srun's own report (``srun: error: node3: task 1: Killed``, ``Node
    failure on node3``) names the node whose processes died: it is left out of the next run while
    enough nodes remain, and out of the requeued job (``ExcNodeList``, which Slurm takes only once
-   the job is pending again). A rank that merely exited with an error leaves its node in;
+   the job is pending again). A rank that merely exited with an error leaves its node in. The list
+   lives in the job's bad-node file (:mod:`nodescale.bad_nodes`), where ``nodescale doctor`` and
+   ``bench comm --pairs`` add the nodes they flag: the next run and the requeue leave those out too;
 3. a user error (exit code 2, or a rank's message in ``NODESCALE_ERROR_DIR``, the local
    launcher's mechanism) ends the job: it would fail the same way again. A stop for requeue
    (exit code 3) is requeued as before and is not counted;
