@@ -214,9 +214,9 @@ def test_cli_train_refuses_before_starting(flags: list[str]) -> None:
 
 
 # launch's scheduler-option and software flags (cli/launch_flags.py).
-NEW_LAUNCH_FLAGS = ["--mem", "--constraint", "--exclude", "--nodelist", "--qos", "--reservation", "--dependency",
-                    "--mail-type", "--mail-user", "--directive", "--cpus-per-task", "--module", "--setup",
-                    "--container", "--container-bind"]
+NEW_LAUNCH_FLAGS = ["--mem", "--constraint", "--exclude", "--exclude-from", "--nodelist", "--qos", "--reservation",
+                    "--dependency", "--mail-type", "--mail-user", "--directive", "--cpus-per-task", "--module",
+                    "--setup", "--container", "--container-bind"]
 launch_options = st.lists(st.one_of(
     st.tuples(st.sampled_from(["--scheduler", "--cluster", "--nodes", "--gpus-per-node", "--nproc-per-node", "--mode",
                                "--time", "--account", "--queue", "--job-name", "--job-dir", "--env",
@@ -551,3 +551,23 @@ def test_sweep_values_reach_the_member_byte_for_byte(key: str, value: str) -> No
     assert env[env_name(key)] == value and re.match(r"^[A-Z0-9_]+$", env_name(key))
     argv, _ = member_command(sweep, sweep.members[0], ["nodescale", "train"])
     assert argv[3].startswith(f"{key}=") and parse_assignment(argv[3])[1] == value  # --set reads it back as given
+
+
+@few(40)
+@given(text=st.text(max_size=200) | st.lists(st.one_of(arg_text, st.sampled_from(["node1", "\t", "\n", "#"])),
+                                              max_size=12).map("".join),
+       scheduler=st.sampled_from(["slurm", "pbs"]))
+def test_launch_exclude_from_hostile_file(text: str, scheduler: str) -> None:
+    """Any bad-node file: exit 0 or 2, no traceback; a host that reaches the script is a plain node name."""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        Path("bad.txt").write_text(text, errors="surrogateescape")
+        argv = ["launch", f"--scheduler={scheduler}", "--nodes=2", "--gpus-per-node=0", "--max-restarts=1",
+                "--exclude-from=bad.txt", "--dry-run", "--", "nodescale", "train"]
+        code, stdout, stderr = run_main(argv)
+        check_outcome(argv, code, stderr)
+        if code == 0 and scheduler == "slurm":
+            excluded = [line for line in stdout.splitlines() if line.startswith("#SBATCH --exclude=")]
+            for line in excluded:
+                assert re.fullmatch(r"#SBATCH --exclude=[A-Za-z0-9_.,-]+", line), line
+            _, _, script = stdout.partition("\n")
+            bash_n(script, Path(tmp))

@@ -194,6 +194,9 @@ def test_slurm_job_restarts_without_the_killed_node(slurm: SlurmCluster, tmp_pat
     assert "nodescale: step on node1,node2, rendezvous" in output, output
     assert "nodescale: leaving node node1 out: its processes died (node1: task 0: Killed)" in output, output
     assert "nodescale: step on node2,node3 (left out: node1)" in output, output
+    # The one bad-node list, where doctor and bench comm --pairs add theirs: `launch --exclude-from` reads it.
+    assert (tmp_path / "jobs" / f"bad-nodes-{job_id}.txt").read_text() == \
+        "node1\tits processes died (node1: task 0: Killed)\n"
     assert "restart 1 of 1 after node node1 failed (node1: task 0: Killed): resuming from step-00000020.pt" in output
     assert max_difference(uninterrupted, final_weights(checkpoints / "step-00000040.pt")) == 0.0
     assert (checkpoints / "step-00000100.pt").is_file()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from nodescale import bad_nodes
 from nodescale.atomic_files import write_json_atomic
 from nodescale.bench import comm_report
 from nodescale.bench.comm import bench_device, run_sweep
@@ -74,4 +75,15 @@ def pairs(runtime: Runtime, settings: Settings, out: Path) -> bool:
         path = out / "pairs.json"
         write_json_atomic(path, report)
         console.print(f"# wrote {path}", soft_wrap=True)
+        for line in bad_nodes.record(slow_nodes(report), out, "bench comm --pairs"):
+            console.print(line, soft_wrap=True, markup=False)
     return bool(report["all_correct"])
+
+
+def slow_nodes(report: dict[str, Any]) -> dict[str, str]:
+    """host -> reason for each slow node of a ``--pairs`` report (none when the units are one node's ranks)."""
+    if report["unit"] != "node":
+        return {}
+    return {unit["unit"]: f"bench comm --pairs: median sendrecv busbw {unit['median_busbw_GBps']:.2f} GB/s over its "
+            f"pairs, below {report['slow_below_GBps']:.2f} (0.5x the median)"
+            for unit in report["units"] if unit["slow"]}

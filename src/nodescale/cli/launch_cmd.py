@@ -143,7 +143,7 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
             spare_nodes=_count("--spare-nodes", args.spare_nodes, minimum=0) or 0,
             workdir=workdir,
             job_dir=(workdir / args.job_dir).resolve(),
-            options=launch_flags.scheduler_options(args),
+            options=launch_flags.scheduler_options(args, scheduler),
             software=launch_flags.software(args, scheduler),
         )
     except ValidationError as exc:

@@ -8,6 +8,7 @@ refuse is a :class:`UserError` naming the flag.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from nodescale.errors import UserError
@@ -44,6 +45,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("scheduler options (win over the preset's directives)")
     for flag, (text, _) in SCHEDULER_FLAGS.items():
         group.add_argument(flag, help=text)
+    group.add_argument("--exclude-from", metavar="FILE", help="leave out the nodes in FILE: the bad-nodes.txt that "
+                       "nodescale doctor or bench comm --pairs wrote under --out (Slurm --exclude; PBS cannot exclude)")
     group.add_argument("--directive", action="append", default=[], help=REPEATABLE["--directive"][0])
     group = parser.add_argument_group("software environment (added to the preset's)")
     for flag in ("--module", "--setup"):
@@ -67,14 +70,15 @@ def _checked(model: Any, values: dict[str, Any], flags: dict[str, str]) -> Any:
                         f"e.g. {example}" if example else None) from None
 
 
-def scheduler_options(args: argparse.Namespace) -> Any:
+def scheduler_options(args: argparse.Namespace, scheduler: str = "slurm") -> Any:
     """The checked :class:`SchedulerOptions` of the flags."""
     from nodescale.launch.job_options import SchedulerOptions
 
     cpus = args.cpus_per_task
     if cpus is not None and not (cpus.strip().isdigit() and int(cpus) >= 1):
         raise UserError(f"--cpus-per-task {cpus}", "must be a whole number, at least 1", "e.g. --cpus-per-task 8")
-    values = {"mem": args.mem, "constraint": args.constraint, "exclude": [args.exclude] if args.exclude else [],
+    values = {"mem": args.mem, "constraint": args.constraint,
+              "exclude": ([args.exclude] if args.exclude else []) + _excluded_from(args.exclude_from, scheduler),
               "nodelist": [args.nodelist] if args.nodelist else [], "qos": args.qos, "reservation": args.reservation,
               "dependency": args.dependency, "mail_type": [args.mail_type] if args.mail_type else [],
               "mail_user": args.mail_user, "directives": args.directive,
@@ -98,3 +102,22 @@ def software(args: argparse.Namespace, scheduler: str) -> Any:
     flags = {"modules": "--module", "setup": "--setup", "container": "--container",
              "container_binds": "--container-bind"}
     return _checked(Software, {**given, "python_env": python_env}, flags)
+
+
+def _excluded_from(path: str | None, scheduler: str) -> list[str]:
+    """The hosts of ``--exclude-from FILE``, named on stderr with the reasons the file gives."""
+    if path is None:
+        return []
+    from pathlib import Path
+
+    from nodescale.bad_nodes import read
+
+    found = read(Path(path))
+    if found and scheduler == "pbs":
+        raise UserError(f"--exclude-from {path} ({', '.join(found)})", "PBS Pro cannot leave named hosts out of a "
+                        "job (qsub has no exclude list)", "ask the site's admins to offline the node (pbsnodes -o), "
+                        "or list the hosts to run on with --nodelist")
+    for host, reason in found.items() if scheduler != "local" else ():  # a local run ignores --exclude too
+        print(f"nodescale: leaving node {host} out (--exclude-from {path}){': ' + reason if reason else ''}",
+              file=sys.stderr)
+    return [",".join(found)] if found else []

@@ -23,12 +23,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from nodescale import bad_nodes
 from nodescale.atomic_files import write_text_atomic
 from nodescale.distributed.env import DistEnv
 from nodescale.doctor import collective, evaluate, network, report
 from nodescale.doctor.check import Check, fail
 from nodescale.doctor.exchange import Exchange, StoreUnavailable, connect
 from nodescale.doctor.facts import VERDICT_VARIABLE, RankFacts, gather
+from nodescale.doctor.flagged import flagged_hosts
 
 # Extra time a waiting rank allows beyond rank 0's own deadlines, for start-up skew.
 SLACK_S = 30.0
@@ -87,6 +89,9 @@ def _lead(env: DistEnv, exchange: Exchange, mine: RankFacts, options: Options) -
         results, missing_results = exchange.gather("result", 2 * options.timeout_s)
     rows += evaluate.after_collective(plan, results, missing_results, facts, env.world_size, options.timeout_s)
     code = _emit(report.document(rows, facts, missing, results, plan, env.world_size, options.timeout_s), options)
+    flagged = flagged_hosts(results, {rank: f.host for rank, f in facts.items()}, env.world_size)
+    for line in bad_nodes.record(flagged, options.out, "doctor"):  # stdout stays JSON under --json
+        print(line, file=sys.stderr if options.json else sys.stdout, flush=True)
     exchange.announce("done", {"exit_code": code})
     exchange.wait_until_left(len(facts) - 1, min(options.timeout_s, LEAVE_S))
     return _verdict(code)

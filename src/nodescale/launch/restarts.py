@@ -10,7 +10,9 @@ and srun's ``--kill-on-bad-exit`` ends the step. So the loop lives in the batch 
 2. after a failed step, srun's own report (``srun: error: node3: task 1: Killed``, ``Node
    failure on node3``) names the node whose processes died: it is left out of the next run while
    enough nodes remain, and out of the requeued job (``ExcNodeList``, which Slurm takes only once
-   the job is pending again). A rank that merely exited with an error leaves its node in;
+   the job is pending again). A rank that merely exited with an error leaves its node in. The list
+   lives in the job's bad-node file (:mod:`nodescale.bad_nodes`), where ``nodescale doctor`` and
+   ``bench comm --pairs`` add the nodes they flag: the next run and the requeue leave those out too;
 3. a user error (exit code 2, or a rank's message in ``NODESCALE_ERROR_DIR``, the local
    launcher's mechanism) ends the job: it would fail the same way again. A stop for requeue
    (exit code 3) is requeued as before and is not counted;
@@ -24,6 +26,8 @@ refused there (:func:`check_restarts`).
 
 from __future__ import annotations
 
+from nodescale import bad_nodes
+from nodescale.bad_nodes import VARIABLE as BAD_NODES_VARIABLE
 from nodescale.errors import EXIT_USER_ERROR, UserError
 from nodescale.launch import shell
 from nodescale.launch.schedulers.local_launcher import (
@@ -45,9 +49,21 @@ _AWK = ('{ print; fflush() } /^srun: error: / { print >> report; fflush(report) 
 _NODE_LOST = r"^srun: error: ([^ :]+): tasks? [0-9,-]+: Killed|^srun: error: Node failure on ([^ ]+)"
 
 # TERM ignored: the requeue ends this script, and Slurm takes ExcNodeList only once the job is pending again.
-SLURM_REQUEUE = ("trap '' TERM; scontrol requeue \"$SLURM_JOB_ID\"; [ -z \"$bad_nodes\" ] || { scontrol update "
-                 'JobId="$SLURM_JOB_ID" ExcNodeList="$bad_nodes" && echo "nodescale: the requeued job leaves out '
-                 '$bad_nodes"; }')
+# ExcNodeList replaces the job's list: the submission's --exclude goes in again.
+SLURM_REQUEUE = ("trap '' TERM; load_bad_nodes; scontrol requeue \"$SLURM_JOB_ID\"; [ -z \"$bad_nodes\" ] || { "
+                 'scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="${excluded:+$excluded,}$bad_nodes" && echo '
+                 '"nodescale: the requeued job leaves out $bad_nodes"; }')
+# Adds the bad-node file's new hosts (nodescale.bad_nodes: HOST<TAB>REASON) to $bad_nodes, naming each.
+_LOAD_BAD_NODES = [
+    "load_bad_nodes() {",
+    f'{shell.INDENT}[ -r "${BAD_NODES_VARIABLE}" ] || return 0',
+    f"{shell.INDENT}local node why",
+    f"{shell.INDENT}while IFS=$'\\t' read -r node why || [ -n \"$node\" ]; do",
+    f"{shell.INDENT * 2}[[ $node =~ ^{bad_nodes.HOST.pattern}$ && \",$bad_nodes,\" != *\",$node,\"* ]] || continue",
+    f'{shell.INDENT * 2}bad_nodes=${{bad_nodes:+$bad_nodes,}}$node; echo "nodescale: leaving node $node out: $why"',
+    f'{shell.INDENT}done < "${BAD_NODES_VARIABLE}"',
+    "}",
+]
 
 
 def enabled(spec: JobSpec) -> bool:
@@ -91,6 +107,7 @@ def slurm_loop(spec: JobSpec, run: list[str], head_lines: list[str] | None) -> l
     n = spec.nodes
     rendezvous = [*head_lines, shell.master_addr_line()] if head_lines is not None else []
     choose = [
+        "load_bad_nodes  # srun's killed nodes, and those nodescale doctor or bench comm --pairs flagged",
         f"# The first {n} nodes that have not failed; failed ones only when too few others are left.",
         'good="" suspect="" good_count=0',
         'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
@@ -120,15 +137,18 @@ def slurm_loop(spec: JobSpec, run: list[str], head_lines: list[str] | None) -> l
     lost = [
         'if [[ $first =~ $node_lost ]]; then',
         f"{shell.INDENT}node=${{BASH_REMATCH[1]}}${{BASH_REMATCH[2]}}",
-        f"{shell.INDENT}bad_nodes=${{bad_nodes:+$bad_nodes,}}$node",
+        f"{shell.INDENT}printf '%s\\t%s\\n' \"$node\" \"its processes died (${{first#srun: error: }})\" "
+        f'>> "${BAD_NODES_VARIABLE}"',
         f'{shell.INDENT}NODESCALE_RESTART_REASON="node $node failed (${{first#srun: error: }})"',
-        f'{shell.INDENT}echo "nodescale: leaving node $node out: its processes died (${{first#srun: error: }})"',
         "fi",
     ]
     setup = [
         f'step_report={_job_file(spec, "step-", "SLURM_JOB_ID")}.txt',
         f"node_lost={shell.quote(_NODE_LOST)}",
+        f'export {BAD_NODES_VARIABLE}={_job_file(spec, "bad-nodes-", "SLURM_JOB_ID")}.txt',
+        *([f"excluded={shell.quote(','.join(spec.options.exclude))}"] if spec.options.exclude else []),
         'bad_nodes=""',
+        *_LOAD_BAD_NODES,
     ]
     user_error = [
         "grep -q ': Exited with exit code 2$' \"$step_report\" 2>/dev/null"]

@@ -38,13 +38,23 @@ export NODESCALE_MAX_RESTARTS=2
 export NODESCALE_ERROR_DIR=/work/project/jobs/errors-"$SLURM_JOB_ID"
 step_report=/work/project/jobs/step-"$SLURM_JOB_ID".txt
 node_lost='^srun: error: ([^ :]+): tasks? [0-9,-]+: Killed|^srun: error: Node failure on ([^ ]+)'
+export NODESCALE_BAD_NODES_FILE=/work/project/jobs/bad-nodes-"$SLURM_JOB_ID".txt
 bad_nodes=""
+load_bad_nodes() {
+    [ -r "$NODESCALE_BAD_NODES_FILE" ] || return 0
+    local node why
+    while IFS=$'\t' read -r node why || [ -n "$node" ]; do
+        [[ $node =~ ^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$ && ",$bad_nodes," != *",$node,"* ]] || continue
+        bad_nodes=${bad_nodes:+$bad_nodes,}$node; echo "nodescale: leaving node $node out: $why"
+    done < "$NODESCALE_BAD_NODES_FILE"
+}
 restart=0 first=""
 NODESCALE_RESTART_REASON=""
 while true; do
     rm -rf "$NODESCALE_ERROR_DIR" && mkdir -p "$NODESCALE_ERROR_DIR"
     export NODESCALE_RESTART_COUNT=$restart NODESCALE_RESTART_REASON
     rm -f "$step_report" "$step_report.done"
+    load_bad_nodes  # srun's killed nodes, and those nodescale doctor or bench comm --pairs flagged
     # The first 2 nodes that have not failed; failed ones only when too few others are left.
     good="" suspect="" good_count=0
     for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
@@ -97,9 +107,8 @@ while true; do
     NODESCALE_RESTART_REASON="the step exited with $step_status"
     if [[ $first =~ $node_lost ]]; then
         node=${BASH_REMATCH[1]}${BASH_REMATCH[2]}
-        bad_nodes=${bad_nodes:+$bad_nodes,}$node
+        printf '%s\t%s\n' "$node" "its processes died (${first#srun: error: })" >> "$NODESCALE_BAD_NODES_FILE"
         NODESCALE_RESTART_REASON="node $node failed (${first#srun: error: })"
-        echo "nodescale: leaving node $node out: its processes died (${first#srun: error: })"
     fi
     restart=$((restart + 1))
     echo "nodescale: restart $restart of 2: the ranks resume from the newest checkpoint"
