@@ -123,3 +123,21 @@ def test_cli_study_dry_run_random(flags: list[str], sequential: bool) -> None:
         _, _, script = stdout.partition("\n#!/bin/bash\n")
         if code == 0 and script:
             bash_n("#!/bin/bash\n" + script, Path(tmp))
+
+
+def test_gathering_after_the_step_keeps_the_jobs_exit_code(tmp_path: Path) -> None:
+    """The lines a study job runs after its step (launch/after_step.py): a failed collect says so, and the job
+    still exits with the step's code; in a container preset the collect runs inside it."""
+    import subprocess
+
+    from nodescale.launch import after_step
+    from nodescale.launch.spec import Container
+
+    run = [["set -euo pipefail", "step_status=5", after_step.EXIT_LINE]]  # strict, as every job script is
+    blocks = after_step.before_exit(run, ["false", "it's"], None)
+    done = subprocess.run(["bash", "-c", "\n".join(blocks[-1])], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 5 and "nodescale: false 'it'\"'\"'s' failed; run it again by hand" in done.stdout
+    inside = after_step.lines(["nodescale", "bench"], Container(runtime="apptainer", image="/c.sif"))
+    assert inside[1:] == ["apptainer exec /c.sif \\", "    nodescale bench || echo 'nodescale: nodescale bench failed; "
+                          "run it again by hand'"]
+    assert after_step.before_exit([["exit \"$step_status\""]], [], None) == [["exit \"$step_status\""]]

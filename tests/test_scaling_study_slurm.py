@@ -1,4 +1,5 @@
-"""A 1- and 2-node scaling study on the local Slurm cluster: two chained jobs, then --collect and report.
+"""A 1- and 2-node scaling study on the local Slurm cluster: two chained jobs that each gather the results as
+they end, then --collect by hand and report.
 
 One module-scoped study serves every assertion: a tiny model for a few steps, no GPUs (one process per
 node), so world sizes 1 and 2 with the global batch split over them (strong scaling).
@@ -6,6 +7,7 @@ node), so world sizes 1 and 2 with the global batch split over them (strong scal
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -55,9 +57,15 @@ def study(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
                              "--model", "tiny.py:build", "--max-steps", "6", "--warmup-steps", "2",
                              "--batch-size", "16"], cwd=cwd)
         states = wait_for_jobs(cwd / "study", slurm_cluster)
+        jobs = scaling_study.read(cwd / "study").jobs
+        for job in jobs:  # ended: the gathering after the step included
+            slurm_cluster.wait_until_done(str(job.job_id), timeout=120)
+        gathered = cwd / "study" / "scaling.json"
+        gathered = json.loads(gathered.read_text()) if gathered.is_file() else None
         collected = run_cli(["bench", "scaling", "--collect", "study"], cwd=cwd)
         run_cli(["report", "study", "--out", "report"], cwd=cwd)
         yield {"cwd": cwd, "dir": cwd / "study", "submitted": submitted.stdout, "states": states,
+               "gathered": gathered, "job_logs": [Path(str(job.log)).read_text() for job in jobs],
                "collected": collected.stdout, "report": (cwd / "report" / "report.md").read_text()}
 
 
@@ -80,3 +88,17 @@ def test_report_gives_speedup_and_efficiency_against_nodes(study: dict[str, Any]
     assert "| nodes | processes |" in study["report"]
     assert re.search(r"^\s+2 node\(s\), job \d+: done$", study["collected"], re.M), study["collected"]
     assert (study["dir"] / "scaling.json").is_file()
+
+
+def test_each_job_gathers_the_results_as_it_ends(study: dict[str, Any]) -> None:
+    """No --collect by hand before this: the first job gathered its own size (the second still waiting), the
+    second both; the hand --collect above reads the same."""
+    first, second = study["job_logs"]
+    assert re.search(r"^\s+1 node\(s\), job \d+: done$", first, re.M), first
+    assert re.search(r"^\s+2 node\(s\), job \d+: pending$", first, re.M), first
+    assert re.search(r"^\s+2 node\(s\), job \d+: done$", second, re.M), second
+    gathered = study["gathered"]
+    assert gathered is not None, study["job_logs"]
+    assert [(row["nodes"], row["world_size"]) for row in gathered["rows"]] == [(1, 1), (2, 2)]
+    assert [job["state"] for job in gathered["study"]["jobs"]] == ["done", "done"]
+    assert gathered["rows"][0]["speedup"] == 1.0

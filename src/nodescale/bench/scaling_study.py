@@ -10,6 +10,7 @@ as such, never as a zero.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,6 +22,7 @@ from nodescale.bench.scaling_results import NODES_PREFIX, collect, read_summary,
 from nodescale.errors import UserError
 
 STUDY_FILE = "study.json"
+LOCK_FILE = ".collect.lock"
 DONE = "done"
 
 
@@ -118,7 +120,23 @@ def job_states(study: Study) -> dict[int, str]:
 
 def collect_study(directory: Path, peak_choice: str = "auto", mode: Any = None) -> dict[str, Any]:
     """The study's result (``scaling.json``'s content, rows for the finished sizes only, each with its
-    ``nodes``), with ``study``: each node count's job and state. Written to STUDY when a size has finished."""
+    ``nodes``), with ``study``: each node count's job and state. Written to STUDY when a size has finished.
+
+    Jobs that end together each collect (``launch/after_step.py``): one at a time, under a lock on
+    ``STUDY/.collect.lock``, so the last to write has read every size finished before it began."""
+    try:
+        lock = open(directory / LOCK_FILE, "a", encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError:  # a study one may read but not write
+        return _collect_locked(directory, peak_choice, mode)
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock: the writes stay atomic, the last may miss a size
+            pass
+        return _collect_locked(directory, peak_choice, mode)
+
+
+def _collect_locked(directory: Path, peak_choice: str, mode: Any) -> dict[str, Any]:
     study = read(directory)
     states = job_states(study)
     done = {job.nodes: job for job in study.jobs if states[job.nodes] == DONE}

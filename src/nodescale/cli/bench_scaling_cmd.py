@@ -55,9 +55,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _refuse_launcher()
-    if args.collect:
+    if args.collect:  # starts no processes: also at the end of a study's job, inside its allocation
         return _collect(args)
+    _refuse_launcher()
     if args.out is None:
         raise UserError("bench scaling without --out", "needs a directory for the runs and results",
                         "e.g. --out scale")

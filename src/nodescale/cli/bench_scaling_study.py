@@ -4,7 +4,8 @@ Each job is built by launch's own :func:`~nodescale.cli.launch_cmd.build_spec` f
 submitted through its scheduler (dry run, then queue), so a study job is exactly the job ``nodescale
 launch --nodes N ... -- nodescale train ...`` would submit. With ``--sequential`` each job waits for
 the one before (``afterany``: a failed size does not stop the next). ``STUDY/study.json`` records them
-(:mod:`nodescale.bench.scaling_study`); ``--collect STUDY`` and ``nodescale report STUDY`` read it.
+(:mod:`nodescale.bench.scaling_study`); each job runs ``--collect STUDY`` once its step has ended
+(:mod:`nodescale.launch.after_step`), and ``--collect STUDY`` and ``nodescale report STUDY`` read it again.
 """
 
 from __future__ import annotations
@@ -71,8 +72,10 @@ def launch_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def build_job(flags: list[str], nodes: int, command: list[str], dependency: str | None = None) -> tuple[Any, Any]:
-    """The ``JobSpec`` and ``Preset`` of one node count, from launch's own parser and ``build_spec``."""
+def build_job(flags: list[str], nodes: int, command: list[str], dependency: str | None = None,
+              gather: list[str] | None = None) -> tuple[Any, Any]:
+    """The ``JobSpec`` and ``Preset`` of one node count, from launch's own parser and ``build_spec``; ``gather``
+    runs in the job once its step has ended (the study's collect)."""
     from nodescale.cli.launch_cmd import build_spec
     from nodescale.cli.main import build_parser
 
@@ -83,7 +86,7 @@ def build_job(flags: list[str], nodes: int, command: list[str], dependency: str 
     if spec.scheduler == "local":
         raise UserError("--scheduler local with --nodes", "a study submits one Slurm or PBS job per node count",
                         "use --scheduler slurm|pbs or a --cluster preset; --world-sizes scales on this machine")
-    return spec, preset
+    return (spec.model_copy(update={"after_step": gather}) if gather else spec), preset
 
 
 def run(args: argparse.Namespace, train_args: tuple[str, ...], check_plan: Callable[[Any], None]) -> int:
@@ -106,7 +109,10 @@ def run(args: argparse.Namespace, train_args: tuple[str, ...], check_plan: Calla
     def command(job: Any) -> list[str]:
         return ["nodescale", *plan.train_argv(job.world_size, Path(job.run_dir))]
 
-    built = [build_job(flags, job.nodes, command(job)) for job in study.jobs]
+    # Each job gathers the study's results as it ends: --collect, which rereads every finished size.
+    peak = [] if args.peak_dtype == "auto" else ["--peak-dtype", args.peak_dtype]
+    gather = ["nodescale", "bench", "scaling", "--collect", str(out), *peak]
+    built = [build_job(flags, job.nodes, command(job), gather=gather) for job in study.jobs]
     scheduler = BATCH[built[0][0].scheduler]
     study.scheduler = scheduler.name
     dryruns = [scheduler.dryrun(spec, preset) for spec, preset in built]  # every size checked before any is queued
@@ -123,14 +129,15 @@ def run(args: argparse.Namespace, train_args: tuple[str, ...], check_plan: Calla
     for job, dryrun in zip(study.jobs, dryruns, strict=True):
         dependency = f"afterany:{previous}" if args.sequential and previous else None
         if dependency:
-            dryrun = scheduler.dryrun(*build_job(flags, job.nodes, command(job), dependency))
+            dryrun = scheduler.dryrun(*build_job(flags, job.nodes, command(job), dependency, gather))
         queued = scheduler.queue(dryrun)
         job.job_id, job.script, job.log = queued.job_id, queued.script, queued.log
         scaling_study.write(study)
         print(f"submitted {scheduler.name} job {job.job_id}: {job.nodes} node(s), world size {job.world_size}"
               f"{f' (after {previous})' if dependency else ''}\n  log: {job.log}", flush=True)
         previous = job.job_id
-    print(f"results as the jobs end: nodescale report {args.out} (or nodescale bench scaling --collect {args.out})")
+    print(f"each job gathers the results into {args.out}/scaling.json as it ends; nodescale report {args.out} "
+          f"(or nodescale bench scaling --collect {args.out}) gathers them again")
     return 0
 
 

@@ -16,6 +16,7 @@ import re
 
 from nodescale.errors import UserError
 from nodescale.launch import job_array, option_directives, rank_labels, requeue, restarts, shell, software, startup
+from nodescale.launch.after_step import before_exit
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # PBS Pro refuses longer job names.
@@ -70,6 +71,7 @@ def render_pbs(spec: JobSpec, preset: Preset) -> str:
         *(job_array.with_status(run_lines(spec, preset, [*env, job_array.INDEX_VARIABLE]), str(spec.array.sweep_dir))
           if spec.array else run_lines(spec, preset, list(env))),
     ]
+    blocks = before_exit(blocks, spec.after_step, preset.container)
     return "\n".join(shell.paragraphs(blocks)) + "\n"
 
 

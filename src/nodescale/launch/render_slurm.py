@@ -12,6 +12,7 @@ import re
 
 from nodescale.errors import UserError
 from nodescale.launch import job_array, option_directives, rank_labels, requeue, restarts, shell, software, startup
+from nodescale.launch.after_step import before_exit
 from nodescale.launch.spec import JobSpec, Preset
 
 # The job's logs, inside spec.job_dir; %j is Slurm's job id.
@@ -51,6 +52,7 @@ def render_slurm(spec: JobSpec, preset: Preset) -> str:
         *(job_array.with_status(run_lines(spec, preset), str(spec.array.sweep_dir)) if spec.array
           else run_lines(spec, preset)),
     ]
+    blocks = before_exit(blocks, spec.after_step, preset.container)
     return "\n".join(shell.paragraphs(blocks)) + "\n"
 
 

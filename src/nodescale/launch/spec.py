@@ -116,6 +116,8 @@ class JobSpec(Strict):
     software: Software = Field(default_factory=Software, description="--module, --setup, --container, and the "
                                "submitting Python environment")
     array: JobArray | None = Field(None, description="a sweep's members as one array job (--sweep)")
+    after_step: list[str] = Field(default_factory=list, description="a command the batch shell runs once the step "
+                                  "has ended, whatever its exit code: a scaling study's collect (after_step.py)")
 
     @field_validator("time")
     @classmethod

@@ -115,7 +115,7 @@ def launch_command(
     setup = list(container.setup) if container else []
     if setup:
         script = ["set -e", *setup, *(script or ['exec "$@"'])]
-    parts = [join(launcher)]
+    parts = [join(launcher)] if launcher else []  # none: run in the batch shell itself (after_step.py)
     if container is not None:
         parts.append(join(container_words(container)))
     if script is None:

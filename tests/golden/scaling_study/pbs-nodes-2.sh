@@ -86,4 +86,6 @@ if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
     qrerun "$PBS_JOBID"
     exit 0
 fi
+# The step has ended for good: gather its results now (a failure here leaves the job's exit code alone).
+nodescale bench scaling --collect /home/user/project/study || echo 'nodescale: nodescale bench scaling --collect /home/user/project/study failed; run it again by hand'
 exit "$step_status"
