@@ -3,6 +3,11 @@ and ``launch --resubmit-failed`` runs it again, alone.
 
 One module-scoped sweep serves every assertion. The failing member passes validation (its configuration
 is fine) and fails at run time: its model function raises while a marker file names its index.
+
+The same sweep is preempted: the member that holds the array's own job id (its SLURM_JOB_ID is
+SLURM_ARRAY_JOB_ID, so ``scontrol requeue $SLURM_JOB_ID`` would requeue every member:
+Lightning-AI/pytorch-lightning#15022) is sent USR1 as Slurm's ``--signal`` sends it, on its first run. It
+stops at its first step, is requeued as that member alone and resumes; the others run once.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import read_summary, run_cli
+from conftest import read_metrics, read_summary, run_cli
 from nodescale.launch import sweep_manifest
 from scheduler_fixtures import SlurmCluster, ci_presets, job_logs, search_path
 
@@ -26,15 +31,41 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 MODEL = '''\
 import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 from torch import nn
 
 
+def preempt():
+    """USR1 to this member's batch shell, as Slurm's --signal=B:USR1 sends it; back once it reached this rank."""
+    arrived, nodescale_handler = [], signal.getsignal(signal.SIGUSR1)
+
+    def handler(signum, frame):
+        arrived.append(signum)
+        nodescale_handler(signum, frame)
+
+    signal.signal(signal.SIGUSR1, handler)
+    member = os.environ["SLURM_ARRAY_JOB_ID"] + "_" + os.environ["SLURM_ARRAY_TASK_ID"]
+    subprocess.run(["scancel", "--signal=USR1", "--batch", member], check=True)
+    deadline = time.monotonic() + 60
+    while not arrived and time.monotonic() < deadline:
+        time.sleep(0.1)
+    signal.signal(signal.SIGUSR1, nodescale_handler)
+
+
 def build(width=8):
-    marker = Path(os.environ.get("NODESCALE_SWEEP_DIR", "/nonexistent"), "break-" + os.environ.get(
-        "NODESCALE_SWEEP_INDEX", ""))
-    if marker.exists():
-        raise RuntimeError(f"member broken on purpose ({marker.name})")
+    sweep, index = Path(os.environ.get("NODESCALE_SWEEP_DIR", "/nonexistent")), os.environ.get("NODESCALE_SWEEP_INDEX")
+    runs = sweep / f"runs-{index}"
+    first = not runs.exists()
+    job, array = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_ARRAY_JOB_ID")
+    with runs.open("a") as record:
+        record.write(f"{job} {array}\\n")
+    if (sweep / f"break-{index}").exists():
+        raise RuntimeError(f"member broken on purpose (break-{index})")
+    if first and job == array:
+        preempt()
     return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10))
 '''
 
@@ -66,8 +97,11 @@ def swept(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
         first = run_cli(["launch", "--cluster", "ci-slurm", "--time", "00:10:00", "--gpus-per-node", "0",
                          "--job-dir", "jobs", "--max-concurrent", "3", "--sweep", "optim.lr=0.1,0.05",
                          "--sweep", "batch-size=16,32", "--", "nodescale", "train", "--model", "flaky.py:build",
-                         "--max-steps", "4", "--no-progress", "--out", "sweep"], cwd=cwd)
+                         "--max-steps", "4", "--no-progress", "--resume", "--out", "sweep"], cwd=cwd)
         wait_for_status(directory, [0, 1, 2, 3], slurm_cluster)
+        array = re.search(r"submitted slurm job (\d+)", first.stdout)[1]
+        restarts = {i: slurm_cluster.job_fields(f"{array}_{i}").get("Restarts") for i in range(4)}
+        runs = {i: (directory / f"runs-{i}").read_text().splitlines() for i in range(4)}
         before = {i: sweep_manifest.status_path(directory, i).stat().st_mtime_ns for i in range(4)}
         codes = {i: sweep_manifest.exit_code(directory, i) for i in range(4)}
         (directory / "break-1").unlink()
@@ -77,7 +111,8 @@ def swept(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory)
         jobs = run_cli(["jobs", "--all"], cwd=cwd).stdout
         run_cli(["report", "sweep", "--out", "report"], cwd=cwd)
         yield {"cwd": cwd, "dir": directory, "first": first.stdout, "again": again.stdout, "codes": codes,
-               "before": before, "registry": registry, "jobs": jobs, "report": (cwd / "report" / "report.md")}
+               "before": before, "restarts": restarts, "runs": runs, "registry": registry, "jobs": jobs,
+               "report": (cwd / "report" / "report.md")}
 
 
 def test_one_array_runs_every_member_with_its_settings(swept: dict[str, Any]) -> None:
@@ -119,3 +154,20 @@ def test_jobs_shows_one_sweep_and_report_ranks_its_members(swept: dict[str, Any]
     rows = [re.match(r"\| \[(m\d+)\]", line).group(1) for line in text.splitlines() if line.startswith("| [m0")]
     losses = {f"m{i:03d}": read_summary(swept["dir"] / f"m{i:03d}")["val_loss"] for i in range(4)}
     assert rows == sorted(losses, key=losses.__getitem__), text
+
+
+def test_a_preempted_member_is_requeued_alone_and_resumes(swept: dict[str, Any]) -> None:
+    runs = swept["runs"]
+    # The member holding the array's own job id: `scontrol requeue $SLURM_JOB_ID` would requeue every member.
+    preempted = [i for i, lines in runs.items() if len(set(lines[0].split())) == 1]
+    assert len(preempted) == 1, runs
+    member = preempted[0]
+    assert {i: len(lines) for i, lines in runs.items()} == {i: 1 + (i == member) for i in range(4)}, runs
+    assert swept["restarts"] == {i: str(int(i == member)) for i in range(4)}, swept["restarts"]
+    stopped = [r for r in read_metrics(swept["dir"] / f"m{member:03d}") if r["kind"] == "stopped"]
+    assert len(stopped) == 1 and stopped[0]["signal"] == "SIGUSR1" and stopped[0]["exit_code"] == 3, stopped
+    log = Path(sweep_manifest.read(swept["dir"]).submissions[0].log.format(index=member)).read_text()
+    array = re.search(r"submitted slurm job (\d+)", swept["first"])[1]
+    assert "USR1 received: passing it on" in log, log
+    assert re.search(rf"stopped for requeue \(exit code \d+\): requeueing Slurm job {array}_{member}\n", log), log
+    assert re.search(rf"resumed from \S+ \(step {stopped[0]['step']}\)", log), log

@@ -20,6 +20,7 @@ from nodescale.errors import UserError
 from nodescale.launch import job_array, sweep_manifest
 from nodescale.launch.render_pbs import render_pbs
 from nodescale.launch.render_slurm import render_slurm
+from nodescale.launch.schedulers.pbs_version import has_max_run_subjobs, parse_version
 from nodescale.launch.spec import JobArray
 from nodescale.launch.sweep import check_size, check_trials, env_name, expand, member_command, parse_axes, yaml_value
 from nodescale.launch.sweep_manifest import Member, Sweep
@@ -170,6 +171,40 @@ def test_dry_run_shows_members_the_override_and_the_array_script(tmp_path: Path,
     assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in out
     assert f"nodescale sweep-member {tmp_path / 'lrs'} -- nodescale train --out lrs" in out
     assert not list(tmp_path.iterdir())
+
+
+# `qstat -B -f -F json` as PBS prints it (shortened): the client's version at the top, the server's below.
+QSTAT_SERVER = ('{"timestamp":1700000000,"pbs_version":"%s","pbs_server":"pbs1",'
+                '"Server":{"pbs1":{"server_state":"Active","pbs_version":"%s"}}}')
+
+
+def test_pbs_versions_with_and_without_max_run_subjobs() -> None:
+    assert parse_version(QSTAT_SERVER % ("2022.1.1", "19.1.3")) == "19.1.3"  # the server's decides
+    assert parse_version("pbs_version = 20.0.1\n") == "20.0.1"  # qstat --version
+    assert parse_version('{"Server": {}}') is None and parse_version("Version: 6.1.2") is None
+    assert [has_max_run_subjobs(v) for v in ("13.1.0", "19.1.3", "2020.1.0", "2022.1.3", "20.0.1", "23.06.06")] \
+        == [False, False, True, True, True, True]
+
+
+@pytest.mark.parametrize(("qstat", "refused"), [
+    (f"echo '{QSTAT_SERVER % ('19.1.3', '19.1.3')}'", True),
+    (f"echo '{QSTAT_SERVER % ('2021.1.3', '2021.1.3')}'", False),
+    ("echo 'Connection refused' >&2; exit 1", False),  # unreachable: rendered as today
+])
+def test_max_concurrent_is_refused_on_a_pbs_without_max_run_subjobs(qstat: str, refused: bool, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "qstat").write_text(f"#!/bin/sh\n{qstat}\n")
+    (tmp_path / "bin" / "qstat").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = launch("--scheduler", "pbs", "--dry-run", "--sweep", "a=1,2,3", "--max-concurrent", "2",
+                            "--", "true")
+    if refused:
+        assert code == 2 and "--max-concurrent 2: becomes qsub -W max_run_subjobs" in err, err
+        assert "PBS server is version 19.1.3" in err and "hint: drop --max-concurrent" in err and "Traceback" not in err
+    else:
+        assert code == 0 and "#PBS -W max_run_subjobs=2" in out, err
 
 
 # --- array scripts: golden files ----------------------------------------------------------------------

@@ -106,6 +106,11 @@ def with_status(blocks: list[list[str]], sweep_dir: str) -> list[list[str]]:
     return [*head, [*last[:-1], *status_lines(sweep_dir), last[-1]]]
 
 
+def slurm_requeue_said(member: bool) -> str:
+    """What the script says it requeues: an array member as Slurm names it (``123_4``), else the job."""
+    return "requeueing Slurm job " + (SLURM_MEMBER.strip('"') if member else "$SLURM_JOB_ID")
+
+
 def slurm_requeue(command: str) -> str:
     """The requeue command with the array member as its target."""
     return command.replace('scontrol requeue "$SLURM_JOB_ID"', f"scontrol requeue {SLURM_MEMBER}")

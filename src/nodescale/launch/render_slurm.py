@@ -144,7 +144,7 @@ def run_lines(spec: JobSpec, preset: Preset) -> list[list[str]]:
         [*why, *requeue.marker_lines(str(spec.job_dir), "SLURM_JOB_ID")],
         run,
         failed,
-        requeue.requeue_lines(_requeue_command(spec), 'requeueing Slurm job $SLURM_JOB_ID'),
+        requeue.requeue_lines(_requeue_command(spec), job_array.slurm_requeue_said(spec.array is not None)),
     ]
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from nodescale.atomic_files import write_text_atomic
 from nodescale.launch import job_array, sweep_manifest
+from nodescale.launch.schedulers import pbs_version
 from nodescale.launch.schedulers.base import DryRun
 from nodescale.launch.schedulers.batch import BatchScheduler
 from nodescale.launch.spec import JobArray, JobSpec, Preset
@@ -31,6 +32,8 @@ WRAPPER = ("nodescale", "sweep-member")  # nodescale.cli.main.SWEEP_MEMBER
 def dryruns(scheduler: BatchScheduler, spec: JobSpec, preset: Preset, sweep: Sweep, command: Sequence[str],
             indices: Sequence[int], max_concurrent: int | None) -> list[DryRun]:
     """One array job of ``indices`` (PBS: one per range ``-J`` can say), each member running ``command``."""
+    if scheduler.name == "pbs":
+        pbs_version.check_max_concurrent(max_concurrent)
     groups = job_array.pbs_runs(indices) if scheduler.name == "pbs" else [list(indices)]
     wrapped = [*WRAPPER, str(sweep.directory), "--", *command]
     return [scheduler.dryrun(spec.model_copy(update={

@@ -95,7 +95,7 @@ fi
 
 # Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
 if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
-    echo "nodescale: stopped for requeue (exit code $step_status): requeueing Slurm job $SLURM_JOB_ID"
+    echo "nodescale: stopped for requeue (exit code $step_status): requeueing Slurm job ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
     scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
     exit 0
 fi
