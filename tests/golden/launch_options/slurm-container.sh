@@ -35,6 +35,7 @@ set -u
 # Environment of the cluster preset.
 export NCCL_SOCKET_IFNAME=hsn
 export MIOPEN_USER_DB_PATH=/tmp/miopen
+export NODESCALE_CPU_BIND=mask_cpu:0xfe000000000000,0xfe00000000000000,0xfe0000,0xfe000000,0xfe,0xfe00,0xfe00000000,0xfe0000000000
 # Environment from --env (wins over the preset's).
 export OMP_NUM_THREADS=8
 export RUN_NOTE='lr 0.1, '"'"'warm'"'"' start'
