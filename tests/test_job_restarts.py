@@ -45,6 +45,7 @@ GOLDEN_CASES = {
         spec("slurm", "per-gpu", gpus_per_node=1, requeue=False, spare_nodes=0), load_preset("generic-slurm")),
     "pbs-openmpi-torchrun": lambda: render_pbs(
         spec("pbs", "torchrun"), load_preset("generic-pbs").model_copy(update={"mpiexec": "openmpi"})),
+    "slurm-spawn": lambda: render_slurm(spec("slurm", "spawn"), load_preset("generic-slurm")),
 }
 
 

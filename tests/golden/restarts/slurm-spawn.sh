@@ -1,0 +1,139 @@
+#!/bin/bash
+# Job script written by `nodescale launch` for preset generic-slurm: 2 node(s) x 1 process(es), mode spawn.
+# Directives come first: the scheduler reads them only up to the first command.
+#SBATCH --job-name=nodescale
+#SBATCH --nodes=3
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=16
+#SBATCH --time=01:00:00
+#SBATCH --output=/work/project/jobs/slurm-%j.out
+#SBATCH --error=/work/project/jobs/slurm-%j.err
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --no-kill
+
+set -euo pipefail
+
+# Run in the job's directory, whatever directory sbatch was called from.
+cd /work/project
+
+# Launcher variables the submitting shell passed on (sbatch, qsub -V) would give every process a wrong rank.
+unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE TORCHELASTIC_RUN_ID MASTER_ADDR MASTER_PORT
+
+# Rendezvous: the allocation's first node hosts the c10d store, looked up here as the job runs;
+# the port derives from the job id: the same on every node, another for each job.
+# Its address is Slurm's NodeAddr (scontrol): node names need not resolve on the compute nodes.
+job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+head_node=${job_nodes%%$'\n'*}
+head_info=$(scontrol show node "$head_node" 2>/dev/null) || head_info=""
+if [[ $head_info =~ NodeAddr=([^[:space:]]+) ]]; then head_addr=${BASH_REMATCH[1]}; else head_addr=$head_node; fi
+MASTER_ADDR=$(python3 -c 'import socket, sys; print(socket.getaddrinfo(sys.argv[1], None, socket.AF_INET)[0][4][0])' "$head_addr" 2>/dev/null) || MASTER_ADDR=$head_addr
+MASTER_PORT=$(python3 -c 'import re, sys, zlib; j = sys.argv[1].strip(); m = re.match(r"(\d+)(?:\[(\d*)\])?", j); print(29500 if not j else 15000 + (int(m[1]) + int(m[2] or 0) if m else zlib.crc32(j.encode())) % 15000)' "$SLURM_JOB_ID")
+export MASTER_ADDR MASTER_PORT
+echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
+
+# Preemption and wall time: Slurm sends USR1 120 s before the end (or `scancel --signal=USR1 --batch`);
+# the ranks checkpoint at the next step and exit, and the job is requeued (--resume continues it).
+# Rank 0 writes NODESCALE_REQUEUE_FILE when the ranks stopped for requeue (torchrun hides their exit code).
+export NODESCALE_REQUEUE_FILE=/work/project/jobs/requeue-"$SLURM_JOB_ID"
+rm -f "$NODESCALE_REQUEUE_FILE"
+
+# Restarts (nodescale launch --max-restarts 2): the step runs again after a failure, and its ranks
+# resume from the newest checkpoint (NODESCALE_RESTART_COUNT). A user error (exit code 2,
+# or a rank's message in NODESCALE_ERROR_DIR) is not retried; a stop for requeue is requeued.
+export NODESCALE_MAX_RESTARTS=2
+export NODESCALE_ERROR_DIR=/work/project/jobs/errors-"$SLURM_JOB_ID"
+step_report=/work/project/jobs/step-"$SLURM_JOB_ID".txt
+node_lost='^srun: error: ([^ :]+): tasks? [0-9,-]+: Killed|^srun: error: Node failure on ([^ ]+)'
+export NODESCALE_BAD_NODES_FILE=/work/project/jobs/bad-nodes-"$SLURM_JOB_ID".txt
+bad_nodes=""
+load_bad_nodes() {
+    [ -r "$NODESCALE_BAD_NODES_FILE" ] || return 0
+    local node why
+    while IFS=$'\t' read -r node why || [ -n "$node" ]; do
+        [[ $node =~ ^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$ && ",$bad_nodes," != *",$node,"* ]] || continue
+        bad_nodes=${bad_nodes:+$bad_nodes,}$node; echo "nodescale: leaving node $node out: $why"
+    done < "$NODESCALE_BAD_NODES_FILE"
+}
+restart=0 first=""
+NODESCALE_RESTART_REASON=""
+while true; do
+    rm -rf "$NODESCALE_ERROR_DIR" && mkdir -p "$NODESCALE_ERROR_DIR"
+    export NODESCALE_RESTART_COUNT=$restart NODESCALE_RESTART_REASON
+    rm -f "$step_report" "$step_report.done"
+    load_bad_nodes  # srun's killed nodes, and those nodescale doctor or bench comm --pairs flagged
+    # The first 2 nodes that have not failed; failed ones only when too few others are left.
+    good="" suspect="" good_count=0
+    for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+        if [[ ",$bad_nodes," == *",$node,"* ]]; then suspect="$suspect $node"; else good="$good $node"; good_count=$((good_count + 1)); fi
+    done
+    if [ "$good_count" -lt 2 ]; then
+        echo "nodescale: only $good_count nodes have not failed, 2 needed: using $bad_nodes again (--spare-nodes keeps nodes in reserve)"
+    fi
+    step_nodes="" count=0
+    for node in $good $suspect; do
+        if [ "$count" -lt 2 ]; then step_nodes=${step_nodes:+$step_nodes,}$node; count=$((count + 1)); fi
+    done
+    head_node=${step_nodes%%,*}
+    head_info=$(scontrol show node "$head_node" 2>/dev/null) || head_info=""
+    if [[ $head_info =~ NodeAddr=([^[:space:]]+) ]]; then head_addr=${BASH_REMATCH[1]}; else head_addr=$head_node; fi
+    MASTER_ADDR=$(python3 -c 'import socket, sys; print(socket.getaddrinfo(sys.argv[1], None, socket.AF_INET)[0][4][0])' "$head_addr" 2>/dev/null) || MASTER_ADDR=$head_addr
+    echo "nodescale: step on $step_nodes${bad_nodes:+ (left out: $bad_nodes)}, rendezvous at $MASTER_ADDR:$MASTER_PORT"
+    # In the background, so the trap runs when the signal comes; wait again until the launch has ended.
+    step_pid=
+    trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$step_pid" 2>/dev/null || true' USR1
+    # Spawn mode: the command runs once, on one node, and starts its own processes.
+    # --cpus-per-task again: Slurm 22.05 to 23.02 do not pass the job's value on to steps.
+    srun --nodes=1 --ntasks=1 --nodelist="$step_nodes" --cpus-per-task=16 --label \
+        bash -c '
+            trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
+            exec "$@"
+        ' \
+        nodescale-spawn nodescale train --out run 2> >(awk -v report="$step_report" '{ print; fflush() } /^srun: error: / { print >> report; fflush(report) } END { close(report); printf "" > (report ".done") }' >&2) &
+    step_pid=$!
+    step_status=0
+    while true; do
+        wait "$step_pid" && step_status=0 || step_status=$?
+        kill -0 "$step_pid" 2>/dev/null || break
+    done
+    if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then break; fi
+    if [ "$step_status" -eq 0 ]; then break; fi
+    # srun's report goes through a filter: wait (a few seconds at most) until it has written everything.
+    for _ in $(seq 1 100); do [ -e "$step_report.done" ] && break; sleep 0.1; done
+    first=$(grep -m 1 -E '^srun: error: (Node failure on |[^ :]+: tasks? )' "$step_report" 2>/dev/null) || first=""
+    if [ "$step_status" -eq 2 ] || [ -n "$(ls -A "$NODESCALE_ERROR_DIR")" ] || grep -q ': Exited with exit code 2$' "$step_report" 2>/dev/null; then
+        for file in "$NODESCALE_ERROR_DIR"/rank-*.txt; do
+            [ -e "$file" ] || continue
+            rank=${file##*/rank-}; echo "nodescale: error (rank ${rank%.txt}): $(cat "$file")"; break
+        done
+        echo "nodescale: the step stopped on a user error (exit code 2): not restarted, it would fail the same way again"
+        step_status=2; break
+    fi
+    if [ "$restart" -ge 2 ]; then
+        echo "nodescale: the step failed (exit code $step_status) after 2 restart(s)${first:+: $first}"
+        break
+    fi
+    NODESCALE_RESTART_REASON="the step exited with $step_status"
+    if [[ $first =~ $node_lost ]]; then
+        node=${BASH_REMATCH[1]}${BASH_REMATCH[2]}
+        printf '%s\t%s\n' "$node" "its processes died (${first#srun: error: })" >> "$NODESCALE_BAD_NODES_FILE"
+        NODESCALE_RESTART_REASON="node $node failed (${first#srun: error: })"
+    fi
+    restart=$((restart + 1))
+    echo "nodescale: restart $restart of 2: the ranks resume from the newest checkpoint"
+    echo "nodescale: restart $restart of 2" >&2  # srun reports failures in the .err file
+done
+
+# A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
+if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+    python3 -m nodescale.launch.first_failure "$SLURM_JOB_ID" /work/project/jobs/slurm-"$SLURM_JOB_ID".out /work/project/jobs/slurm-"$SLURM_JOB_ID".err 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $SLURM_JOB_ID\` shows each rank's lines"
+fi
+
+# Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
+if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
+    echo "nodescale: stopped for requeue (exit code $step_status): requeueing Slurm job $SLURM_JOB_ID"
+    trap '' TERM; load_bad_nodes; scontrol requeue "$SLURM_JOB_ID"; [ -z "$bad_nodes" ] || { scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="${excluded:+$excluded,}$bad_nodes" && echo "nodescale: the requeued job leaves out $bad_nodes"; }
+    exit 0
+fi
+exit "$step_status"
