@@ -93,3 +93,17 @@ def test_an_image_of_another_size_is_named(folder: Path, tmp_path: Path) -> None
     Image.fromarray(np.zeros((20, 16, 3), np.uint8)).save(victim, format="PNG")
     with pytest.raises(UserError, match=rf"{victim.name}: is 16 x 20 pixels, and the batch's first image 12 x 12"):
         dataset.read_batch([0, 1])
+
+
+def test_closing_the_run_stops_the_persistent_workers_at_once(folder: Path, tmp_path: Path) -> None:
+    """Left to the exit, each persistent worker beside a pin-memory thread (any CUDA run) can cost a 5 s join
+    timeout in torch's clean-up (pytorch/pytorch#81794). ``ctx.close()`` tells them to stop first."""
+    import nodescale
+
+    ctx = nodescale.init(strategy="single", out=tmp_path / "run")
+    loader = ctx.loader(load("imagefolder", folder / "folder"), 5, num_workers=2, persistent_workers=True)
+    assert sum(1 for _ in loader) > 1
+    workers = list(loader.loader._iterator._workers)
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    ctx.close()
+    assert not any(w.is_alive() for w in workers)

@@ -88,6 +88,7 @@ class Context:
         self._drawn_samples = 0  # real samples drawn since the last optimiser step
         self._sync: AbstractContextManager[None] | None = None  # no_sync of the micro-batch in flight
         self._closed = False
+        self._loaders: list[EpochLoader] = []  # their workers stop at close
 
     def __enter__(self) -> Context:
         return self
@@ -101,6 +102,7 @@ class Context:
             self._closed = True
             with suppress(Exception):  # the failure being handled matters more
                 self._end_sync()
+                self._stop_loaders()
             self.record.close(wait=False)
             abandon(self.runtime)
 
@@ -185,6 +187,7 @@ class Context:
         loader = EpochLoader(dataset, plan, pad=pad, drop_last=drop_last, grad_accum=self.cfg.train.grad_accum,
                              device=self.device, on_batch=self._drew if pad else None,
                              clock=self.record.synced_time, **loader_options)
+        self._loaders.append(loader)
         if pad and self.record.train_loader is None:
             self.record.train_loader = loader  # its batch size and epochs go into the summary
         return loader
@@ -308,6 +311,10 @@ class Context:
         self.close(summary=False)
         raise SystemExit(code)
 
+    def _stop_loaders(self) -> None:
+        for loader in self._loaders:
+            loader.close()
+
     # ------------------------------------------------------ today's helpers
     def mean(self, value: float | torch.Tensor) -> float:
         """The mean of ``value`` over all ranks (a collective: every rank must call it)."""
@@ -343,6 +350,7 @@ class Context:
         self.saves.wait()  # before _closed: a failed save leaves through __exit__'s abandon
         self._closed = True
         self._end_sync()
+        self._stop_loaders()
         name = checkpoints.model_name(self.prepared.model) if self.prepared else None
         result = self.record.finish(summary, name)
         self.prepared = None  # the wrappers' references go before the group does
