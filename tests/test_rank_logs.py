@@ -264,6 +264,24 @@ def test_rank_0_passes_through_and_the_log_gets_plain_lines(tmp_path: Path, caps
     assert sorted(log.getvalue().splitlines()) == ["[rank0]: epoch 1/1 done", "[rank1]: a warning"]
 
 
+def test_another_ranks_line_never_splits_a_line_of_rank_0(tmp_path: Path, capsys) -> None:
+    """Unbuffered, ``print`` writes the text and its newline apart; a line of rank 1 written between the two
+    goes before rank 0's line, not inside it (seen in a CI run: "attempt 1[rank1]: hello ...")."""
+    import io
+    import os
+    import time
+
+    from nodescale.launch.schedulers.local_rank_output import RankOutput
+
+    output = RankOutput(io.StringIO(), 2)
+    for fd, data in ((output.fds(0)[0], b"hello from rank 0"), (output.fds(1)[0], b"hello from rank 1\n"),
+                     (output.fds(0)[0], b"\n")):
+        os.write(fd, data)
+        time.sleep(0.2)  # each piece read before the next is written
+    output.close()
+    assert capsys.readouterr().out.splitlines() == ["[rank1]: hello from rank 1", "hello from rank 0"]
+
+
 @pytest.mark.multiproc
 def test_logs_of_a_pbs_job_by_its_id(tmp_path: Path, pbs_run, monkeypatch: pytest.MonkeyPatch) -> None:
     """Submitted through a stand-in qsub (no PBS server here), so the job record is the real one; then run as

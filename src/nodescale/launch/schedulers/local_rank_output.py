@@ -63,15 +63,28 @@ class RankOutput:
         terminal = sys.stderr if stream else sys.stdout
         raw = rank == 0 and not stream  # rank 0's stdout as it is (its progress bar): the run's own output
         with open(fd, "rb", buffering=0) as pipe:
-            pending = b""
+            pending = shown = b""
             while chunk := pipe.read(65536):
                 if raw:
-                    self._emit([terminal], chunk.decode(errors="replace"))
+                    shown = self._show(terminal, shown + chunk)
                 *lines, pending = (pending + chunk).split(b"\n")
                 pending = pending.rsplit(b"\r", 1)[-1]  # a bar's frames: only the last one may end in a line
                 self._write(rank, lines, None if raw else terminal)
+            if shown:
+                self._emit([terminal], shown.decode(errors="replace"))
             if pending:
                 self._write(rank, [pending], None if raw else terminal)
+
+    def _show(self, terminal: IO[str], text: bytes) -> bytes:
+        """Rank 0's output up to its last whole line (all of it when it ends in a bar's frame); the rest.
+
+        Unbuffered, ``print`` writes a line and its newline apart: another rank's line between them would split it.
+        """
+        tail = text[text.rfind(b"\n") + 1:]
+        cut = len(text) if b"\r" in tail or b"\x1b" in tail else len(text) - len(tail)
+        if cut:
+            self._emit([terminal], text[:cut].decode(errors="replace"))
+        return text[cut:]
 
     def _write(self, rank: int, lines: list[bytes], terminal: IO[str] | None) -> None:
         plain = (_CONTROL.sub(b"", line).rsplit(b"\r", 1)[-1] for line in lines)  # the text a terminal shows
