@@ -134,10 +134,11 @@ def test_gathering_after_the_step_keeps_the_jobs_exit_code(tmp_path: Path) -> No
     from nodescale.launch.spec import Container
 
     run = [["set -euo pipefail", "step_status=5", after_step.EXIT_LINE]]  # strict, as every job script is
-    blocks = after_step.before_exit(run, ["false", "it's"], None)
+    blocks = after_step.before_exit(run, after_step.lines(["false", "it's"], None))
     done = subprocess.run(["bash", "-c", "\n".join(blocks[-1])], capture_output=True, text=True, timeout=10)
     assert done.returncode == 5 and "nodescale: false 'it'\"'\"'s' failed; run it again by hand" in done.stdout
     inside = after_step.lines(["nodescale", "bench"], Container(runtime="apptainer", image="/c.sif"))
     assert inside[1:] == ["apptainer exec /c.sif \\", "    nodescale bench || echo 'nodescale: nodescale bench failed; "
                           "run it again by hand'"]
-    assert after_step.before_exit([["exit \"$step_status\""]], [], None) == [["exit \"$step_status\""]]
+    unchanged = [[after_step.EXIT_LINE]]
+    assert after_step.before_exit(unchanged, after_step.lines([], None)) == unchanged

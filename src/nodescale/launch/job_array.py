@@ -99,13 +99,6 @@ def status_lines(sweep_dir: str) -> list[str]:
     ]
 
 
-def with_status(blocks: list[list[str]], sweep_dir: str) -> list[list[str]]:
-    """The run blocks, the status written just before their last line (``exit "$step_status"``)."""
-    *head, last = blocks
-    assert last[-1] == 'exit "$step_status"', "the run blocks end in the step's exit"
-    return [*head, [*last[:-1], *status_lines(sweep_dir), last[-1]]]
-
-
 def slurm_requeue_said(member: bool) -> str:
     """What the script says it requeues: an array member as Slurm names it (``123_4``), else the job."""
     return "requeueing Slurm job " + (SLURM_MEMBER.strip('"') if member else "$SLURM_JOB_ID")

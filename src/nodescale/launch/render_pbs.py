@@ -16,7 +16,7 @@ import re
 
 from nodescale.errors import UserError
 from nodescale.launch import job_array, option_directives, rank_labels, requeue, restarts, shell, software, startup
-from nodescale.launch.after_step import before_exit
+from nodescale.launch.after_step import before_exit, ended_lines
 from nodescale.launch.spec import JobSpec, Preset, walltime_seconds
 
 # PBS Pro refuses longer job names.
@@ -68,10 +68,9 @@ def render_pbs(spec: JobSpec, preset: Preset) -> str:
         rank_labels.pbs_log_lines(str(spec.job_dir), spec.nproc_per_node if spec.mode == "per-gpu" else 1),
         job_array.index_lines(spec.array.indices, "pbs") if spec.array else [],
         shell.rendezvous_block(_HEAD, "PBS_JOBID", env, _WHY_HEAD),
-        *(job_array.with_status(run_lines(spec, preset, [*env, job_array.INDEX_VARIABLE]), str(spec.array.sweep_dir))
-          if spec.array else run_lines(spec, preset, list(env))),
+        *before_exit(run_lines(spec, preset, [*env, job_array.INDEX_VARIABLE] if spec.array else list(env)),
+                     ended_lines(spec, preset)),
     ]
-    blocks = before_exit(blocks, spec.after_step, preset.container)
     return "\n".join(shell.paragraphs(blocks)) + "\n"
 
 

@@ -12,7 +12,7 @@ import re
 
 from nodescale.errors import UserError
 from nodescale.launch import job_array, option_directives, rank_labels, requeue, restarts, shell, software, startup
-from nodescale.launch.after_step import before_exit
+from nodescale.launch.after_step import before_exit, ended_lines
 from nodescale.launch.spec import JobSpec, Preset
 
 # The job's logs, inside spec.job_dir; %j is Slurm's job id.
@@ -49,10 +49,8 @@ def render_slurm(spec: JobSpec, preset: Preset) -> str:
         ),
         job_array.index_lines(spec.array.indices, "slurm") if spec.array else [],
         shell.rendezvous_block(_HEAD, "SLURM_JOB_ID", env, _WHY_HEAD),
-        *(job_array.with_status(run_lines(spec, preset), str(spec.array.sweep_dir)) if spec.array
-          else run_lines(spec, preset)),
+        *before_exit(run_lines(spec, preset), ended_lines(spec, preset)),
     ]
-    blocks = before_exit(blocks, spec.after_step, preset.container)
     return "\n".join(shell.paragraphs(blocks)) + "\n"
 
 
