@@ -42,7 +42,7 @@ def spec(scheduler: str, mode: str, **update) -> JobSpec:
 GOLDEN_CASES = {
     "slurm-torchrun": lambda: render_slurm(spec("slurm", "torchrun"), load_preset("generic-slurm")),
     "slurm-per-gpu-no-requeue": lambda: render_slurm(
-        spec("slurm", "per-gpu", gpus_per_node=1, requeue=False, spare_nodes=0), load_preset("generic-slurm")),
+        spec("slurm", "per-gpu", gpus_per_node=1, stop_handler="none", spare_nodes=0), load_preset("generic-slurm")),
     "pbs-openmpi-torchrun": lambda: render_pbs(
         spec("pbs", "torchrun"), load_preset("generic-pbs").model_copy(update={"mpiexec": "openmpi"})),
     "slurm-spawn": lambda: render_slurm(spec("slurm", "spawn"), load_preset("generic-slurm")),
@@ -113,7 +113,7 @@ def test_pbs_loop_reruns_mpiexec_and_stops_on_a_user_error(tmp_path: Path, pbs_r
     for code, expected in ((1, 0), (2, 2), ("each", 1)):
         command = [sys.executable, "-c", FAIL_ONCE, str(code)] if code != "each" else [
             sys.executable, "-c", FAIL_EACH_TIME]
-        job = spec("pbs", "per-gpu", gpus_per_node=0, requeue=False, command=command, workdir=tmp_path,
+        job = spec("pbs", "per-gpu", gpus_per_node=0, stop_handler="none", command=command, workdir=tmp_path,
                    job_dir=tmp_path / f"jobs-{code}", max_restarts=1 if code == "each" else 2)
         preset = load_preset("generic-pbs").model_copy(update={"mpiexec": "mpich"})
         script = tmp_path / f"job-{code}.pbs"

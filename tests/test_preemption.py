@@ -99,7 +99,7 @@ def stop_with_a_signal(tmp_path: Path, target: str, after_step: int) -> tuple[in
     assert (tmp_path / "run" / "checkpoints" / f"step-{step:08d}.pt").is_file(), output
     assert f"every rank stopped at step {step}" in output
     assert f"exited with {EXIT_REQUEUE}" in output or f"exit code {EXIT_REQUEUE}" in output, output
-    assert marker.read_text().strip() == "run"
+    assert marker.read_text().splitlines() == [f"step={step}", "run_dir=run"]  # the step the job script compares
     assert process.returncode == EXIT_REQUEUE, output  # the launcher passes the requeue code on
     assert not workers_in(tmp_path), "no worker may outlive the launcher"
     return step, output
@@ -145,7 +145,7 @@ def test_pbs_script_passes_the_signal_on_and_reruns_on_the_requeue_code(tmp_path
             "def stop(*_):\n"
             f"    marker = pathlib.Path(os.environ[{REQUEUE_FILE_VARIABLE!r}])\n"
             "    marker.parent.mkdir(parents=True, exist_ok=True)\n"
-            "    marker.write_text('run')\n"
+            "    marker.write_text('step=7\\n')\n"
             "    sys.exit(3)\n"
             "signal.signal(signal.SIGUSR1, stop)\n"
             f"pathlib.Path({str(tmp_path / 'ready')!r}).write_text('')\n"

@@ -246,7 +246,7 @@ def test_pbs_array_member_reaches_every_rank(flavour: str, tmp_path: Path, pbs_r
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{search_path()}")
     result = run_cli(["launch", "--cluster", "ci-pbs", "--nodes", "2", "--gpus-per-node", "1", "--nproc-per-node",
                       "1", "--mode", "per-gpu", "--job-dir", "jobs", "--sweep", "word=plain,$(touch pwned) 'q'",
-                      "--", "python3", "-c", PROBE], cwd=tmp_path)
+                      "--stop-handler", "nodescale", "--", "python3", "-c", PROBE], cwd=tmp_path)
     script = Path(re.search(r"^  script: (.+)$", result.stdout, re.M).group(1))
     assert "#PBS -J 0-1" in script.read_text() and 'qrerun "$PBS_JOBID"' in script.read_text()
     sweep = sweep_manifest.read(tmp_path / "jobs" / "sweeps" / next(os.walk(tmp_path / "jobs" / "sweeps"))[1][0])

@@ -15,9 +15,12 @@ from nodescale.errors import UserError
 EXIT_REQUEUE = 3
 # The exit code of a rank whose heartbeat watchdog found another rank stuck.
 EXIT_HANG = 4
-# Set by the rendered job scripts: rank 0 writes this file when it stops for requeue, because
-# under torchrun the workers' exit code does not reach the job script (torchrun exits 1).
+# Set by the rendered job scripts and the local launcher: rank 0 writes this file, with the step of
+# its checkpoint, when every rank stopped for requeue. It is the only evidence a job script or the
+# launcher believes: an exit code of 3 proves nothing (any program may exit 3; torchrun exits 1).
 REQUEUE_FILE_VARIABLE = "NODESCALE_REQUEUE_FILE"
+# The marker's line that names the step (the job scripts read it with sed: keep it one plain line).
+REQUEUE_STEP_KEY = "step"
 
 ALLOWED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGXCPU")
 
@@ -40,3 +43,17 @@ def normalise_signal_names(text: str) -> str:
 def parse_signals(text: str) -> list[signal.Signals]:
     """The signals of a normalised ``train.stop_signals`` value."""
     return [signal.Signals[name] for name in normalise_signal_names(text).split(",") if name]
+
+
+def requeue_marker(step: int, run_dir: str | None = None) -> str:
+    """The requeue marker's text: the checkpoint's step (the job script compares it with the previous stop's)."""
+    return f"{REQUEUE_STEP_KEY}={int(step)}\n" + (f"run_dir={run_dir}\n" if run_dir else "")
+
+
+def marker_step(text: str) -> int | None:
+    """The step a requeue marker names, or None when it names none."""
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key == REQUEUE_STEP_KEY and value.strip().isdigit():
+            return int(value)
+    return None

@@ -15,6 +15,7 @@ from typing import Any
 
 from nodescale.cli import launch_flags, launch_sweep
 from nodescale.errors import UserError
+from nodescale.launch.stop_handler import DEFAULT_MAX_REQUEUES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -45,8 +46,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stop-warning", metavar="SECONDS", default=None,
                         help="Slurm/PBS: signal the ranks this long before the wall time, so they checkpoint and "
                              "the job is requeued (default 120)")
+    parser.add_argument("--stop-handler", metavar="WHO", default=None,
+                        help="Slurm/PBS: who acts on the stop signal before the wall time: nodescale (its ranks "
+                        "checkpoint, the job is requeued), framework (Lightning requeues itself), none (no signal; "
+                        "the job runs to its wall time). Default: decided from the command, and said")
+    parser.add_argument("--max-requeues", metavar="N", default=None,
+                        help=f"Slurm/PBS: requeue the job at most N times (default {DEFAULT_MAX_REQUEUES})")
     parser.add_argument("--no-requeue", dest="requeue", action="store_false",
-                        help="Slurm/PBS: no stop signal before the wall time and no requeue")
+                        help="Slurm/PBS: no stop signal before the wall time and no requeue (--stop-handler none)")
     launch_flags.add_flags(parser)
     launch_sweep.add_flags(parser)
     parser.add_argument("--max-restarts", metavar="N", default=None,
@@ -136,7 +143,9 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
             job_name=args.job_name or "nodescale",
             env=_env_pairs(args.env),
             command=command,
-            requeue=args.requeue,
+            stop_handler=_stop_handler(args, command, scheduler, workdir).handler,
+            max_requeues=(DEFAULT_MAX_REQUEUES if args.max_requeues is None
+                          else _count("--max-requeues", args.max_requeues, minimum=0)),
             stop_warning_s=(DEFAULT_STOP_WARNING_S if args.stop_warning is None
                             else _count("--stop-warning", args.stop_warning, minimum=0)),
             max_restarts=_count("--max-restarts", args.max_restarts, minimum=0) or 0,
@@ -157,19 +166,45 @@ def build_spec(args: argparse.Namespace) -> tuple[Any, Any]:
         # A short test job with the default lead: signalled at once, it would requeue forever.
         warnings.warn(f"no stop signal and no requeue: the wall time {spec.time} is not longer than the default "
                       f"{DEFAULT_STOP_WARNING_S} s stop warning (set --stop-warning to keep them)", stacklevel=2)
-        spec = spec.model_copy(update={"requeue": False})
+        spec = spec.model_copy(update={"stop_handler": "none"})
     elif too_late:
         raise UserError(f"--stop-warning {spec.stop_warning_s} with --time {spec.time}",
                         f"the stop signal must come before the wall time ends, and {spec.stop_warning_s} s "
                         f"is not less than {wall} s",
                         "use a shorter --stop-warning (the time one checkpoint takes, plus a margin), a longer "
-                        "--time, or --no-requeue")
+                        "--time, or --stop-handler none")
     if spec.mode == "spawn" and command[:2] == ["nodescale", "train"] and spec.nproc_per_node > 1:
         # Under a one-task launcher nodescale train is that one process; it spawns nothing.
         raise UserError("--mode spawn with nodescale train",
                         f"would run 1 process, not {spec.nproc_per_node}",
                         "use --mode torchrun (the default) or --mode per-gpu")
     return spec, preset
+
+
+def _stop_handler(args: argparse.Namespace, command: list[str], scheduler: str, workdir: Path) -> Any:
+    """Who acts on the stop signal: ``--stop-handler``, ``--no-requeue`` (none), or what the command shows."""
+    from nodescale.launch.stop_handler import Decision, decide
+
+    if not args.requeue:
+        if args.stop_handler not in (None, "none"):
+            raise UserError(f"--no-requeue with --stop-handler {args.stop_handler}", "--no-requeue means "
+                            "--stop-handler none", "keep one of them")
+        return Decision("none", "--no-requeue")
+    return decide(command, args.stop_handler, scheduler, args.mode, workdir)
+
+
+def say_stop_handler(args: argparse.Namespace, spec: Any) -> None:
+    """The one line that says what happens to a cluster job at its wall time, on stderr (nothing for local runs)."""
+    import sys
+
+    from nodescale.launch.stop_handler import Decision, sentence
+
+    if spec.scheduler == "local":
+        return
+    decision = _stop_handler(args, spec.command, spec.scheduler, spec.workdir)
+    if decision.handler != spec.stop_handler:  # a wall time too short for the stop warning
+        decision = Decision(spec.stop_handler, f"--time {spec.time}")
+    print(sentence(decision, spec.stop_warning_s, spec.max_requeues), file=sys.stderr, flush=True)
 
 
 def _refuse_misplaced_flags(args: argparse.Namespace, command: list[str], scheduler: str) -> None:
@@ -206,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
     # Inside an allocation this shell holds (salloc, qsub -I), a step there rather than a new job.
     scheduler = (spec.scheduler in BATCH and step_scheduler(BATCH[spec.scheduler])) or SCHEDULERS[spec.scheduler]
     dryrun = scheduler.dryrun(spec, preset)
+    if scheduler is SCHEDULERS[spec.scheduler]:  # a step in an allocation is not requeued
+        say_stop_handler(args, spec)
     if args.plan:  # after the job is checked, before it is shown or submitted
         from nodescale.cli.plan_cmd import plan_launch
 

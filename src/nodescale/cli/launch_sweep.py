@@ -58,7 +58,7 @@ def wanted(args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Validate the sweep, then print its dry run, run it here, or submit it."""
-    from nodescale.cli.launch_cmd import _count, build_spec
+    from nodescale.cli.launch_cmd import _count, build_spec, say_stop_handler
 
     if args.resubmit_failed:
         return resubmit(args)
@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         flag = next(flag for flag in _FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None)
         raise UserError(f"{flag} without --sweep", "sets how a sweep runs", "add --sweep KEY=V1,V2")
     spec, preset = build_spec(args)
+    say_stop_handler(args, spec)
     axes = parse_axes(args.sweep)
     trials = _count("--trials", args.trials)
     seed = _count("--sweep-seed", args.sweep_seed, minimum=0) or 0

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nodescale.stop_signals import REQUEUE_FILE_VARIABLE
+from nodescale.stop_signals import REQUEUE_FILE_VARIABLE, requeue_marker
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +84,18 @@ class StopRequest:
         return signal.Signals(self.agreed_signal).name if self.agreed_signal else "none"
 
 
-def write_requeue_file(run_dir: Path) -> Path | None:
-    """Rank 0, after the checkpoint: tell the job script to requeue (the file named by the job script).
+def write_requeue_file(step: int, run_dir: Path | None = None) -> Path | None:
+    """Rank 0, after the checkpoint of ``step``: tell the job script (or the local launcher) to requeue.
 
-    Under torchrun the workers' exit code does not reach the script, so it looks for this file.
+    The file is the evidence they require (an exit code alone proves no checkpoint); its step lets a
+    job script refuse a requeue that made no progress. Written whole (a temporary file renamed).
     """
     target = os.environ.get(REQUEUE_FILE_VARIABLE, "").strip()
     if not target:
         return None
     path = Path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{run_dir}\n")
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(requeue_marker(step, str(run_dir) if run_dir is not None else None))
+    partial.replace(path)
     return path

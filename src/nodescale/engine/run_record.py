@@ -193,7 +193,7 @@ class RunRecord:
         if code != EXIT_REQUEUE:
             print(f"{said}not requeued (exit code {code}): continue with --out {self.run_dir} --resume", flush=True)
             return
-        marker = write_requeue_file(self.run_dir) if self.run_dir is not None else None
+        marker = write_requeue_file(self.steps, self.run_dir)
         print(f"{said}exiting with code {code} for requeue" + (f"; requeue marker {marker}" if marker else ""),
               flush=True)
 

@@ -13,7 +13,7 @@ Pure text, no I/O. The labels are what :mod:`nodescale.launch.rank_logs` reads b
 from __future__ import annotations
 
 from nodescale.launch import shell
-from nodescale.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE
+from nodescale.stop_signals import REQUEUE_FILE_VARIABLE
 
 SRUN_LABEL = "--label"
 MPIEXEC_LABEL = {"pals": "--label", "mpich": "-prepend-rank", "openmpi": "--tag-output"}
@@ -50,8 +50,7 @@ def failure_lines(job_id_var: str, logs: list[str]) -> list[str]:
     words = " ".join(logs)
     return [
         "# A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).",
-        f'if [ "$step_status" -ne 0 ] && [ "$step_status" -ne {EXIT_REQUEUE} ] && '
-        f'[ ! -e "${{{REQUEUE_FILE_VARIABLE}:-/nonexistent}}" ]; then',
+        f'if [ "$step_status" -ne 0 ] && [ ! -e "${{{REQUEUE_FILE_VARIABLE}:-/nonexistent}}" ]; then',
         f'{shell.INDENT}python3 -m nodescale.launch.first_failure "${job_id_var}" {words} 2>/dev/null || '
         f'echo "nodescale: the step failed (exit code $step_status): \\`nodescale logs ${job_id_var}\\` shows each '
         'rank\'s lines"',

@@ -171,7 +171,7 @@ def run_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[list[
         [*_restart_loop(spec, requeue.background_launch(
             launch_lines(spec, preset, [*env_names, requeue.REQUEUE_FILE_VARIABLE]))), *stop_timer],
         failed,
-        requeue.requeue_lines('qrerun "$PBS_JOBID"', "rerunning PBS job $PBS_JOBID"),
+        requeue.requeue_lines('qrerun "$PBS_JOBID"', "rerunning PBS job $PBS_JOBID", spec.max_requeues),
     ]
 
 
@@ -185,11 +185,11 @@ def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[st
     why = ["# CPU binding off unless the preset sets one: a launcher bound to one core shares it with its processes."]
     if preset.mpiexec == "openmpi":
         why.append("# -x: Open MPI's daemons on other nodes pass on only the variables named so.")
-    ignore = [requeue.IGNORE_LINE] if spec.requeue else []
+    catch = [requeue.CATCH_LINE] if spec.requeue else []
     if spec.mode == "spawn":
         launcher = mpiexec_words(spec, preset, 1, 1, env_names)
         comment = ["# Spawn mode: the command runs once, on one node, and starts its own processes.", *why]
-        spawn_script = [*ignore, 'exec "$@"'] if ignore else None
+        spawn_script = [*catch, 'exec "$@"'] if catch else None
         return [*comment, *startup.launch_command(launcher, preset.container, spawn_script, "nodescale-spawn",
                                                   spec.command)]
     if spec.mode == "torchrun":
@@ -204,7 +204,7 @@ def launch_lines(spec: JobSpec, preset: Preset, env_names: list[str]) -> list[st
     else:
         launcher = mpiexec_words(spec, preset, nodes * nproc, nproc, env_names)
         # PALS names the node; MPICH and Open MPI place ranks in blocks of nproc per node.
-        script = [*ignore, *startup.per_task_script(_RANK, _LOCAL_RANK, str(nodes * nproc), nproc,
+        script = [*catch, *startup.per_task_script(_RANK, _LOCAL_RANK, str(nodes * nproc), nproc,
                                                     f"${{PALS_NODEID:-$(( RANK / {nproc} ))}}")]
         comment = ["# per-gpu mode: one MPI rank per process, given torchrun's variables from the MPI ones."]
         name = "nodescale-task"

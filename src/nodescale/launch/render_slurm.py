@@ -133,16 +133,20 @@ def run_lines(spec: JobSpec, preset: Preset) -> list[list[str]]:
         run = restarts.slurm_loop(spec, run, None if "MASTER_ADDR" in given else _HEAD[2:])
     if not spec.requeue:
         return [run, [*failed, 'exit "$step_status"']]
-    why = [
-        f"# Preemption and wall time: Slurm sends {requeue.SIGNAL} {spec.stop_warning_s} s before the end (or "
-        f"`scancel --signal={requeue.SIGNAL} --batch`);",
-        "# the ranks checkpoint at the next step and exit, and the job is requeued (--resume continues it).",
-    ]
+    signalled = (f"# Preemption and wall time: Slurm sends {requeue.SIGNAL} {spec.stop_warning_s} s before the end "
+                 f"(or `scancel --signal={requeue.SIGNAL} --batch`);")
+    if spec.stop_handler == "framework":
+        why = [signalled, "# the framework in the ranks checkpoints and requeues the job itself (--stop-handler "
+               "framework): nodescale does not."]
+        return [why, run, [*failed, 'exit "$step_status"']]
+    why = [signalled,
+           "# the ranks checkpoint at the next step and exit, and the job is requeued (--resume continues it)."]
     return [
         [*why, *requeue.marker_lines(str(spec.job_dir), "SLURM_JOB_ID")],
         run,
         failed,
-        requeue.requeue_lines(_requeue_command(spec), job_array.slurm_requeue_said(spec.array is not None)),
+        requeue.requeue_lines(_requeue_command(spec), job_array.slurm_requeue_said(spec.array is not None),
+                              spec.max_requeues),
     ]
 
 
@@ -158,11 +162,11 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
     if bind:
         options.append(f"--cpu-bind={bind}")
     why = ["# --cpus-per-task again: Slurm 22.05 to 23.02 do not pass the job's value on to steps."]
-    ignore = [requeue.IGNORE_LINE] if spec.requeue else []
+    catch = [requeue.CATCH_LINE] if spec.requeue else []
     if spec.mode == "spawn":
         launcher = ["srun", "--nodes=1", "--ntasks=1", *restarts.srun_options(spec), *options]
         comment = ["# Spawn mode: the command runs once, on one node, and starts its own processes.", *why]
-        spawn_script = [*ignore, 'exec "$@"'] if ignore else None
+        spawn_script = [*catch, 'exec "$@"'] if catch else None
         return [*comment, *startup.launch_command(launcher, preset.container, spawn_script, "nodescale-spawn",
                                                   spec.command)]
     options.append("--kill-on-bad-exit=1")
@@ -170,16 +174,18 @@ def launch_lines(spec: JobSpec, preset: Preset) -> list[str]:
     if spec.mode == "torchrun":
         launcher = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", *restarts.srun_options(spec, spec.nodes),
                     *options]
-        script = startup.torchrun_script(spec.nodes, spec.nproc_per_node, "$SLURM_NODEID", "$SLURM_JOB_ID",
-                                         gpus=spec.gpus_per_node > 0)
+        agent = startup.torchrun_script(spec.nodes, spec.nproc_per_node, "$SLURM_NODEID", "$SLURM_JOB_ID",
+                                        gpus=spec.gpus_per_node > 0,
+                                        agent=requeue.TORCHRUN_AGENT if spec.requeue else "torchrun")
+        script = [requeue.IGNORE_LINE, *agent] if spec.requeue else agent
         comment = [f"# torchrun mode: one torchrun per node, each starting {spec.nproc_per_node} processes."]
         name = "nodescale-node"
     else:
         launcher = ["srun", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.nproc_per_node}",
                     *restarts.srun_options(spec, spec.world_size), *options]
-        script = startup.per_task_script("$SLURM_PROCID", "$SLURM_LOCALID", "$SLURM_NTASKS", spec.nproc_per_node,
-                                         "$SLURM_NODEID")
+        script = [*catch, *startup.per_task_script("$SLURM_PROCID", "$SLURM_LOCALID", "$SLURM_NTASKS",
+                                                   spec.nproc_per_node, "$SLURM_NODEID")]
         comment = ["# per-gpu mode: one Slurm task per process, given torchrun's variables from Slurm's."]
         name = "nodescale-task"
     comment += [*why, startup.ARGS_COMMENT]
-    return [*comment, *startup.launch_command(launcher, preset.container, [*ignore, *script], name, spec.command)]
+    return [*comment, *startup.launch_command(launcher, preset.container, script, name, spec.command)]

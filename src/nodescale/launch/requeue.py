@@ -6,33 +6,51 @@ The shape, shared by the Slurm and PBS scripts:
    timer on PBS) sends USR1 to the batch shell;
 2. the shell runs the launch in the background and ``wait``s for it, so its trap runs at once
    (a foreground command would delay it until the command ends), and the trap passes USR1 on
-   to srun/mpiexec, which pass it on to the ranks;
-3. every rank stops at the same step boundary, checkpoints and exits with
-   :data:`EXIT_REQUEUE`; rank 0 also writes ``$NODESCALE_REQUEUE_FILE``, because under torchrun
-   the workers' exit code does not reach the script (torchrun exits 1 for any failed worker);
-4. on either sign the script requeues the job (``scontrol requeue``, ``qrerun``); the requeued
-   job runs the same command, which continues from the checkpoint when it has ``--resume``.
+   to srun/mpiexec, which pass it on to the ranks. The processes in between survive it without
+   handing an ignored signal on (:data:`CATCH_LINE`, :data:`TORCHRUN_AGENT`);
+3. who acts on it is the job's stop handler (:mod:`nodescale.launch.stop_handler`). nodescale's
+   ranks stop at the same step boundary, checkpoint, and rank 0 writes ``$NODESCALE_REQUEUE_FILE``
+   with the step; a framework (Lightning) requeues the job itself;
+4. the script requeues (``scontrol requeue``, ``qrerun``) on that marker only: an exit code proves
+   nothing (any program may exit 3; torchrun exits 1 whatever its workers did). Not when the run
+   stopped again at the step it resumed from (no progress), nor past ``--max-requeues``.
 """
 
 from __future__ import annotations
 
 from nodescale.launch import shell
-from nodescale.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE
+from nodescale.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE, REQUEUE_STEP_KEY
 
 SIGNAL = "USR1"
-# Ignored by the launcher processes between the scheduler and the ranks (torchrun, nodescale's
-# own local launcher): USR1's default action would kill them, and the step with them, while the
-# ranks still write their checkpoint. Ignored signals stay ignored across exec; nodescale's
-# ranks install their own handler. Double quotes: the per-node script sits in single quotes.
-IGNORE_LINE = f'trap "" {SIGNAL}  # only the ranks act on the stop signal; it must not end this launcher'
+# The per-task shell and spawn mode's one command survive the stop signal until their exec. Caught, not
+# ignored: a caught signal is reset to its default across exec, an ignored one stays ignored, and a rank
+# that starts with USR1 ignored gets no handler from Lightning (it takes any disposition but the default
+# for one of the user's own). Double quotes: the per-node script sits in single quotes.
+CATCH_LINE = f'trap ":" {SIGNAL}  # caught, not ignored: the program after exec starts with the default action'
+# torchrun's agent: Slurm signals every process of the step, and the agent must outlive it. Its shell ignores
+# the signal, which stays ignored across exec until the agent catches it itself, so that the workers it starts
+# get the default action back (a caught signal is reset across exec).
+IGNORE_LINE = f'trap "" {SIGNAL}  # the torchrun agent below catches it: its workers start with the default action'
+# The torchrun on PATH, run by python3 once it catches the signal (the one interpreter the job script already
+# relies on): no exec in between, which would reset the caught signal to its default action.
+TORCHRUN_AGENT = (
+    'python3 -c "import runpy, shutil, signal, sys; signal.signal(signal.SIG' + SIGNAL + ', lambda *_: None); '
+    'sys.argv[0] = shutil.which(\\"torchrun\\") or sys.exit(\\"torchrun: not found on PATH\\"); '
+    'runpy.run_path(sys.argv[0], run_name=\\"__main__\\")"'
+)
+_READ_STEP = f"sed -n 's/^{REQUEUE_STEP_KEY}=//p'"
 
 
 def marker_lines(job_dir: str, job_id_var: str) -> list[str]:
-    """Name the requeue marker of this job and remove one left by the job's previous run."""
-    path = f"{job_dir.rstrip('/')}/requeue-"
+    """Name the requeue marker and count of this job; keep the step the job's previous run stopped at."""
+    base = shell.quote(f"{job_dir.rstrip('/')}/")
     return [
-        f"# Rank 0 writes {REQUEUE_FILE_VARIABLE} when the ranks stopped for requeue (torchrun hides their exit code).",
-        f'export {REQUEUE_FILE_VARIABLE}={shell.quote(path)}"${job_id_var}"',
+        f"# Rank 0 writes {REQUEUE_FILE_VARIABLE}, with its checkpoint's step, once every rank stopped for requeue:",
+        "# the only evidence believed (any program may exit 3, and torchrun exits 1 whatever its workers did).",
+        f'export {REQUEUE_FILE_VARIABLE}={base}requeue-"${job_id_var}"',
+        f'requeue_count_file={base}requeues-"${job_id_var}"',
+        "# A requeued job keeps its id: the step its previous run stopped at, where stopping again is no progress.",
+        f'previous_stop=$({_READ_STEP} "${REQUEUE_FILE_VARIABLE}" 2>/dev/null) || previous_stop=""',
         f'rm -f "${REQUEUE_FILE_VARIABLE}"',
     ]
 
@@ -56,14 +74,33 @@ def background_launch(launch: list[str]) -> list[str]:
     ]
 
 
-def requeue_lines(requeue_command: str, what: str) -> list[str]:
-    """Requeue when the ranks said so (exit code or marker); otherwise exit with the launch's code."""
+def requeue_lines(requeue_command: str, what: str, max_requeues: int) -> list[str]:
+    """Requeue on the marker, unless the run made no progress or was requeued ``max_requeues`` times; else exit
+    with the launch's code (3 after a stop that is not requeued: the run is not finished)."""
+    i = shell.INDENT
     return [
-        f"# Exit code {EXIT_REQUEUE} (or the marker): the ranks stopped on the signal and wrote a checkpoint.",
-        f'if [ "$step_status" -eq {EXIT_REQUEUE} ] || [ -e "${REQUEUE_FILE_VARIABLE}" ]; then',
-        f'{shell.INDENT}echo "nodescale: stopped for requeue (exit code $step_status): {what}"',
-        f"{shell.INDENT}{requeue_command}",
-        f"{shell.INDENT}exit 0",
+        "# Requeued on the marker only; not when the run stopped again where it resumed, nor past --max-requeues.",
+        f'if [ -e "${REQUEUE_FILE_VARIABLE}" ]; then',
+        f'{i}stop_step=$({_READ_STEP} "${REQUEUE_FILE_VARIABLE}")',
+        f'{i}requeues=$(cat "$requeue_count_file" 2>/dev/null) || requeues=0',
+        f"{i}[[ $requeues =~ ^[0-9]+$ ]] || requeues=0",
+        f'{i}if [ -n "$previous_stop" ] && [ "$stop_step" = "$previous_stop" ]; then',
+        f'{i * 2}echo "nodescale: stopped again at step $stop_step, where the previous run stopped: not requeued, '
+        'it made no progress (does the command resume from its checkpoint?)"',
+        f'{i}elif [ "$requeues" -ge {max_requeues} ]; then',
+        f'{i * 2}echo "nodescale: stopped at step $stop_step: not requeued, the job was requeued $requeues times '
+        f'already (--max-requeues {max_requeues})"',
+        f"{i}else",
+        f'{i * 2}echo "$((requeues + 1))" > "$requeue_count_file"',
+        f'{i * 2}echo "nodescale: stopped for requeue at step $stop_step (requeue $((requeues + 1)) of '
+        f'{max_requeues}): {what}"',
+        f"{i * 2}{requeue_command}",
+        f"{i * 2}exit 0",
+        f"{i}fi",
+        f"{i}step_status={EXIT_REQUEUE}",
+        f'elif [ "$step_status" -eq {EXIT_REQUEUE} ]; then',
+        f'{i}echo "nodescale: the step exited with {EXIT_REQUEUE} but no rank wrote the requeue marker (no stop at a '
+        'checkpoint): a failure, not requeued"',
         "fi",
         'exit "$step_status"',
     ]

@@ -15,7 +15,7 @@ and srun's ``--kill-on-bad-exit`` ends the step. So the loop lives in the batch 
    ``bench comm --pairs`` add the nodes they flag: the next run and the requeue leave those out too;
 3. a user error (exit code 2, or a rank's message in ``NODESCALE_ERROR_DIR``, the local
    launcher's mechanism) ends the job: it would fail the same way again. A stop for requeue
-   (exit code 3) is requeued as before and is not counted;
+   (the ranks' requeue marker, not an exit code) is requeued as before and is not counted;
 4. the restarted ranks see ``NODESCALE_RESTART_COUNT``, as under nodescale's local launcher, and
    resume from the newest whole checkpoint (:func:`~.local_launcher.current_restart`).
 
@@ -37,7 +37,7 @@ from nodescale.launch.schedulers.local_launcher import (
     RESTART_REASON_VARIABLE,
 )
 from nodescale.launch.spec import JobSpec, Preset
-from nodescale.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE
+from nodescale.stop_signals import REQUEUE_FILE_VARIABLE
 
 # What the ranks read: Open MPI's mpiexec passes on only the variables named with -x.
 VARIABLES = (RESTART_COUNT_VARIABLE, MAX_RESTARTS_VARIABLE, RESTART_REASON_VARIABLE, ERROR_DIR_VARIABLE)
@@ -173,8 +173,8 @@ def _loop(spec: JobSpec, job_id_var: str, setup: list[str], top: list[str], run:
     errors = f'"${ERROR_DIR_VARIABLE}"'
     user_error = " || ".join([f'[ "$step_status" -eq {EXIT_USER_ERROR} ]', f'[ -n "$(ls -A {errors})" ]',
                               *user_error_tests])
-    requeued = ([f'if [ "$step_status" -eq {EXIT_REQUEUE} ] || [ -e "${REQUEUE_FILE_VARIABLE}" ]; then break; fi']
-                if spec.requeue else [])
+    requeued = ([f'if [ -e "${REQUEUE_FILE_VARIABLE}" ]; then break; fi  # stopped for requeue, not failed']
+                if spec.stop_handler == "nodescale" else [])
     body = [
         f'rm -rf {errors} && mkdir -p {errors}',
         f"export {RESTART_COUNT_VARIABLE}=$restart {RESTART_REASON_VARIABLE}",

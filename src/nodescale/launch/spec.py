@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nodescale.launch.job_options import SchedulerOptions, Software
+from nodescale.launch.stop_handler import DEFAULT_MAX_REQUEUES, Handler
 
 Scheduler = Literal["local", "slurm", "pbs"]
 Mode = Literal["torchrun", "per-gpu", "spawn"]
@@ -102,8 +103,12 @@ class JobSpec(Strict):
     job_name: str = "nodescale"
     env: dict[str, str] = Field(default_factory=dict, description="user --env, merged over the preset's")
     command: list[str] = Field(min_length=1)
-    requeue: bool = Field(True, description="stop signal ahead of the wall time, checkpoint, and requeue on exit "
-                          "code 3 (nodescale.stop_signals.EXIT_REQUEUE)")
+    stop_handler: Handler = Field(
+        "nodescale", description="who acts on the stop signal sent ahead of the wall time: nodescale's ranks "
+        "(checkpoint, requeue marker, the script requeues), a framework that requeues itself, or nobody (no "
+        "signal is sent); nodescale.launch.stop_handler")
+    max_requeues: int = Field(DEFAULT_MAX_REQUEUES, ge=0, description="requeues the job script makes at most "
+                              "(nodescale handler)")
     stop_warning_s: int = Field(120, ge=0, description="seconds before the wall time the ranks are told to stop")
     max_restarts: int = Field(0, ge=0, description="Slurm/PBS/local: run the step again this often after a failure "
                               "(not after a user error); the ranks resume from the newest checkpoint")
@@ -125,6 +130,11 @@ class JobSpec(Strict):
         if not _TIME.match(value):
             raise ValueError("must look like HH:MM:SS or D-HH:MM:SS, minutes and seconds below 60")
         return value
+
+    @property
+    def requeue(self) -> bool:
+        """Whether the job is sent the stop signal before its wall time (and so may be requeued)."""
+        return self.stop_handler != "none"
 
     @property
     def world_size(self) -> int:

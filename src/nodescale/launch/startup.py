@@ -44,12 +44,14 @@ NUMA_BINDING = [
 ]
 
 
-def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: str, gpus: bool = False) -> list[str]:
+def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: str, gpus: bool = False,
+                    agent: str = "torchrun") -> list[str]:
     """The per-node script that starts torchrun, as lines without single quotes.
 
     ``node_rank`` and ``rdzv_id`` are shell expressions evaluated on each node (for example
     ``$SLURM_NODEID``). The store's node is told so with ``is_host=1`` and every other node
-    with ``is_host=0``: left to guess, nodes that share addresses (or none) time out.
+    with ``is_host=0``: left to guess, nodes that share addresses (or none) time out. ``agent``:
+    the command that runs torchrun (:data:`nodescale.launch.requeue.TORCHRUN_AGENT` with a stop signal).
     """
     numa = " $numa_binding" if gpus else ""
     return [
@@ -63,7 +65,7 @@ def torchrun_script(nnodes: int, nproc_per_node: int, node_rank: str, rdzv_id: s
         *(NUMA_BINDING if gpus else []),
         # No --node-rank: the c10d rendezvous assigns node ranks itself, and torchrun warns
         # on every node that the flag is ignored.
-        f'exec torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node} \\',
+        f'exec {agent} --nnodes={nnodes} --nproc-per-node={nproc_per_node} \\',
         f'{INDENT}--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="{rdzv_id}" \\',
         f'{INDENT}--rdzv-conf=is_host="$is_host" --local-addr="$local_addr" {TORCHRUN_TEE}{numa} --no-python "$@"',
     ]

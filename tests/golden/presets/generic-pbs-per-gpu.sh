@@ -37,8 +37,12 @@ echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 
 # Preemption and wall time: PBS warns no one, so the script sends itself USR1 120 s before the end (`qsig -s USR1 JOBID`
 # at any time); mpiexec passes it on, the ranks checkpoint and exit, qrerun reruns the job (--resume).
-# Rank 0 writes NODESCALE_REQUEUE_FILE when the ranks stopped for requeue (torchrun hides their exit code).
+# Rank 0 writes NODESCALE_REQUEUE_FILE, with its checkpoint's step, once every rank stopped for requeue:
+# the only evidence believed (any program may exit 3, and torchrun exits 1 whatever its workers did).
 export NODESCALE_REQUEUE_FILE=/home/user/project/nodescale-jobs/requeue-"$PBS_JOBID"
+requeue_count_file=/home/user/project/nodescale-jobs/requeues-"$PBS_JOBID"
+# A requeued job keeps its id: the step its previous run stopped at, where stopping again is no progress.
+previous_stop=$(sed -n 's/^step=//p' "$NODESCALE_REQUEUE_FILE" 2>/dev/null) || previous_stop=""
 rm -f "$NODESCALE_REQUEUE_FILE"
 ( sleep 3480 && kill -USR1 $$ ) >/dev/null 2>&1 &
 timer_pid=$!
@@ -51,7 +55,7 @@ trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
 mpiexec -n 8 -ppn 4 -bind-to none -prepend-rank \
     bash -c '
-        trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
+        trap ":" USR1  # caught, not ignored: the program after exec starts with the default action
         exec 2>&1  # one stream per rank: its traceback stays in order with its other lines
         export RANK=${PALS_RANKID:-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:?mpiexec set no rank variable}}}
         export LOCAL_RANK=${PALS_LOCAL_RANKID:-${MPI_LOCALRANKID:-${OMPI_COMM_WORLD_LOCAL_RANK:?mpiexec set no local rank variable}}}
@@ -70,14 +74,27 @@ done
 kill "$timer_pid" 2>/dev/null || true
 
 # A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
-if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+if [ "$step_status" -ne 0 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
     python3 -m nodescale.launch.first_failure "$PBS_JOBID" "$ranks_log" 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $PBS_JOBID\` shows each rank's lines"
 fi
 
-# Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
-if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
-    echo "nodescale: stopped for requeue (exit code $step_status): rerunning PBS job $PBS_JOBID"
-    qrerun "$PBS_JOBID"
-    exit 0
+# Requeued on the marker only; not when the run stopped again where it resumed, nor past --max-requeues.
+if [ -e "$NODESCALE_REQUEUE_FILE" ]; then
+    stop_step=$(sed -n 's/^step=//p' "$NODESCALE_REQUEUE_FILE")
+    requeues=$(cat "$requeue_count_file" 2>/dev/null) || requeues=0
+    [[ $requeues =~ ^[0-9]+$ ]] || requeues=0
+    if [ -n "$previous_stop" ] && [ "$stop_step" = "$previous_stop" ]; then
+        echo "nodescale: stopped again at step $stop_step, where the previous run stopped: not requeued, it made no progress (does the command resume from its checkpoint?)"
+    elif [ "$requeues" -ge 20 ]; then
+        echo "nodescale: stopped at step $stop_step: not requeued, the job was requeued $requeues times already (--max-requeues 20)"
+    else
+        echo "$((requeues + 1))" > "$requeue_count_file"
+        echo "nodescale: stopped for requeue at step $stop_step (requeue $((requeues + 1)) of 20): rerunning PBS job $PBS_JOBID"
+        qrerun "$PBS_JOBID"
+        exit 0
+    fi
+    step_status=3
+elif [ "$step_status" -eq 3 ]; then
+    echo "nodescale: the step exited with 3 but no rank wrote the requeue marker (no stop at a checkpoint): a failure, not requeued"
 fi
 exit "$step_status"

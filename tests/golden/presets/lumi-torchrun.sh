@@ -48,8 +48,12 @@ echo "nodescale: rendezvous at $MASTER_ADDR:$MASTER_PORT"
 
 # Preemption and wall time: Slurm sends USR1 120 s before the end (or `scancel --signal=USR1 --batch`);
 # the ranks checkpoint at the next step and exit, and the job is requeued (--resume continues it).
-# Rank 0 writes NODESCALE_REQUEUE_FILE when the ranks stopped for requeue (torchrun hides their exit code).
+# Rank 0 writes NODESCALE_REQUEUE_FILE, with its checkpoint's step, once every rank stopped for requeue:
+# the only evidence believed (any program may exit 3, and torchrun exits 1 whatever its workers did).
 export NODESCALE_REQUEUE_FILE=/home/user/project/nodescale-jobs/requeue-"$SLURM_JOB_ID"
+requeue_count_file=/home/user/project/nodescale-jobs/requeues-"$SLURM_JOB_ID"
+# A requeued job keeps its id: the step its previous run stopped at, where stopping again is no progress.
+previous_stop=$(sed -n 's/^step=//p' "$NODESCALE_REQUEUE_FILE" 2>/dev/null) || previous_stop=""
 rm -f "$NODESCALE_REQUEUE_FILE"
 
 # In the background, so the trap runs when the signal comes; wait again until the launch has ended.
@@ -61,7 +65,7 @@ trap 'echo "nodescale: USR1 received: passing it on to the ranks"; kill -USR1 "$
 # The command reaches the script below as its arguments ("$@"), never re-quoted.
 srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=56 --label --kill-on-bad-exit=1 \
     bash -c '
-        trap "" USR1  # only the ranks act on the stop signal; it must not end this launcher
+        trap "" USR1  # the torchrun agent below catches it: its workers start with the default action
         # On every node. The first hosts the store (is_host=1); local_addr is this node as the others
         # reach it (its route to MASTER_ADDR), where torchrun would guess from the host name (often loopback).
         node_rank=$SLURM_NODEID
@@ -71,7 +75,7 @@ srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=56 --label --kill-on-bad-exit
         export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank\${rank}]:"  # with --tee=3: each line its rank
         # Each rank bound to the NUMA node of its GPU, where this torch and this node allow it (numa_binding.py).
         numa_binding=$(python3 -m nodescale.launch.numa_binding 2>/dev/null) || numa_binding=
-        exec torchrun --nnodes=2 --nproc-per-node=8 \
+        exec python3 -c "import runpy, shutil, signal, sys; signal.signal(signal.SIGUSR1, lambda *_: None); sys.argv[0] = shutil.which(\"torchrun\") or sys.exit(\"torchrun: not found on PATH\"); runpy.run_path(sys.argv[0], run_name=\"__main__\")" --nnodes=2 --nproc-per-node=8 \
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
             --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --tee=3 $numa_binding --no-python "$@"
     ' \
@@ -84,14 +88,27 @@ while true; do
 done
 
 # A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
-if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+if [ "$step_status" -ne 0 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
     python3 -m nodescale.launch.first_failure "$SLURM_JOB_ID" /home/user/project/nodescale-jobs/slurm-"$SLURM_JOB_ID".out /home/user/project/nodescale-jobs/slurm-"$SLURM_JOB_ID".err 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $SLURM_JOB_ID\` shows each rank's lines"
 fi
 
-# Exit code 3 (or the marker): the ranks stopped on the signal and wrote a checkpoint.
-if [ "$step_status" -eq 3 ] || [ -e "$NODESCALE_REQUEUE_FILE" ]; then
-    echo "nodescale: stopped for requeue (exit code $step_status): requeueing Slurm job $SLURM_JOB_ID"
-    scontrol requeue "$SLURM_JOB_ID"
-    exit 0
+# Requeued on the marker only; not when the run stopped again where it resumed, nor past --max-requeues.
+if [ -e "$NODESCALE_REQUEUE_FILE" ]; then
+    stop_step=$(sed -n 's/^step=//p' "$NODESCALE_REQUEUE_FILE")
+    requeues=$(cat "$requeue_count_file" 2>/dev/null) || requeues=0
+    [[ $requeues =~ ^[0-9]+$ ]] || requeues=0
+    if [ -n "$previous_stop" ] && [ "$stop_step" = "$previous_stop" ]; then
+        echo "nodescale: stopped again at step $stop_step, where the previous run stopped: not requeued, it made no progress (does the command resume from its checkpoint?)"
+    elif [ "$requeues" -ge 20 ]; then
+        echo "nodescale: stopped at step $stop_step: not requeued, the job was requeued $requeues times already (--max-requeues 20)"
+    else
+        echo "$((requeues + 1))" > "$requeue_count_file"
+        echo "nodescale: stopped for requeue at step $stop_step (requeue $((requeues + 1)) of 20): requeueing Slurm job $SLURM_JOB_ID"
+        scontrol requeue "$SLURM_JOB_ID"
+        exit 0
+    fi
+    step_status=3
+elif [ "$step_status" -eq 3 ]; then
+    echo "nodescale: the step exited with 3 but no rank wrote the requeue marker (no stop at a checkpoint): a failure, not requeued"
 fi
 exit "$step_status"

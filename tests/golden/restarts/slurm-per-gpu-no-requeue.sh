@@ -116,7 +116,7 @@ while true; do
 done
 
 # A failed step: the job log's last lines name the rank that failed first (not rank 0's lost peer).
-if [ "$step_status" -ne 0 ] && [ "$step_status" -ne 3 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
+if [ "$step_status" -ne 0 ] && [ ! -e "${NODESCALE_REQUEUE_FILE:-/nonexistent}" ]; then
     python3 -m nodescale.launch.first_failure "$SLURM_JOB_ID" /work/project/jobs/slurm-"$SLURM_JOB_ID".out /work/project/jobs/slurm-"$SLURM_JOB_ID".err 2>/dev/null || echo "nodescale: the step failed (exit code $step_status): \`nodescale logs $SLURM_JOB_ID\` shows each rank's lines"
 fi
 exit "$step_status"

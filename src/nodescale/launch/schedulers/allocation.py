@@ -99,7 +99,7 @@ class AllocationStep(Scheduler):
     def dryrun(self, spec: JobSpec, preset: Preset | None) -> DryRun:
         if preset is None:
             raise ValueError(f"a {self.name} step needs a cluster preset")
-        spec = spec.model_copy(update={"requeue": False})  # no requeue inside an interactive allocation
+        spec = spec.model_copy(update={"stop_handler": "none"})  # no requeue inside an interactive allocation
         nodes = (salloc_nodes if self.name == "slurm" else pbs_interactive_nodes)(self.env, preset)
         # What the allocation holds is the job's, whatever the preset guessed.
         preset = preset.model_copy(update={"cpus_per_node": min((node.cpus for node in nodes), default=1),

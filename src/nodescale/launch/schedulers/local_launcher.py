@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nodescale.errors import EXIT_USER_ERROR, UserError, program_not_found
-from nodescale.stop_signals import EXIT_REQUEUE
+from nodescale.stop_signals import EXIT_REQUEUE, REQUEUE_FILE_VARIABLE, marker_step
 
 if TYPE_CHECKING:
     from nodescale.launch.schedulers.local_rank_output import RankOutput
@@ -123,8 +123,11 @@ def _launch_local(command: Sequence[str], nproc: int, max_restarts: int, store_p
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
     restart: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="nodescale-errors-") as error_dir:
+        # Rank 0's requeue marker: the job script's where one runs this launcher, else one of its own.
+        marker = Path(os.environ.get(REQUEUE_FILE_VARIABLE, "").strip() or Path(error_dir, "requeue"))
         for attempt in range(max_restarts + 1):
-            result = run_worker_group(command, nproc, {ERROR_DIR_VARIABLE: error_dir, **restart},
+            result = run_worker_group(command, nproc, {ERROR_DIR_VARIABLE: error_dir,
+                                                       REQUEUE_FILE_VARIABLE: str(marker), **restart},
                                       store_process=store_process, preload=preload, output=output())
             if result.stopped_by is not None:
                 # SIGTERM/SIGINT to this launcher: passed on to the workers, whose stop handlers
@@ -142,16 +145,16 @@ def _launch_local(command: Sequence[str], nproc: int, max_restarts: int, store_p
             if user_error and all(code in (EXIT_USER_ERROR, 1) or code < 0 for code in codes.values()):
                 return EXIT_USER_ERROR
             reason = describe_failure(codes, result.stopped)
-            # Ranks that stopped on an agreed stop signal (preemption) were asked to stop, not
-            # broken: the job script requeues on this code, so it is passed on as it is.
-            # (The others are ended with SIGTERM once the first has exited; by then they have
-            # passed the barrier after the checkpoint.)
-            if EXIT_REQUEUE in codes.values() and all(
-                code in (EXIT_REQUEUE, -signal.SIGTERM) for code in codes.values()
-            ):
-                print(f"nodescale: stopped for requeue at a checkpoint ({reason})", file=sys.stderr)
+            # Ranks that stopped on an agreed stop signal (preemption) were asked to stop, not broken:
+            # the requeue code is passed on. Only with rank 0's marker: exit code 3 alone proves no
+            # checkpoint (any program may exit 3). (The others are ended with SIGTERM once the first
+            # has exited; by then they have passed the barrier after the checkpoint.)
+            stopped_step = marker_step(marker.read_text()) if marker.is_file() else None
+            if stopped_step is not None and all(code in (EXIT_REQUEUE, -signal.SIGTERM) for code in codes.values()):
+                print(f"nodescale: stopped for requeue at a checkpoint of step {stopped_step} ({reason})",
+                      file=sys.stderr)
                 return EXIT_REQUEUE
-            if attempt == max_restarts or EXIT_REQUEUE in codes.values():
+            if attempt == max_restarts or stopped_step is not None:
                 print(f"nodescale: worker processes failed: {reason}", file=sys.stderr)
                 note(f"nodescale: worker processes failed: {reason}")
                 return 1
