@@ -484,7 +484,8 @@ def test_scheduler_options_and_software_are_checked_and_quoted(
         scheduler_options = SchedulerOptions(
             **{name: [value] if OPTION_FIELDS[name] is list else value for name, value in options.items()},
             cpus_per_task=cpus)
-        software = Software(modules=modules, container=image, container_binds=binds if image else [])
+        software = Software(lines=[("module", name) for name in modules], container=image,
+                            container_binds=binds if image else [])
     except ValidationError:
         return
     with tempfile.TemporaryDirectory() as tmp:

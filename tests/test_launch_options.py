@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import shlex
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ PBS_OPTIONS = SchedulerOptions(
     mem="500M", nodelist=["dec0001"], reservation="R123456", dependency="afterok:4815162.desched1",
     mail_type=["BEGIN", "END", "FAIL"], mail_user="alice", directives=["-l job_priority=premium", "-p 100"],
     cpus_per_task=16)
-SOFTWARE = Software(modules=["cuda/12.2", "nccl aws"], setup=["export TMPDIR=/scratch/$USER/tmp"],
+SOFTWARE = Software(lines=[("module", "cuda/12.2"), ("module", "nccl aws"),
+                           ("setup", "export TMPDIR=/scratch/$USER/tmp")],
                     container="/images/torch 2.6.sif", container_binds=["/scratch", "/data:/mnt/data"])
 
 
@@ -213,9 +215,31 @@ def test_bad_flag_values_are_user_errors(flags: list[str], message: str) -> None
     assert code == 2 and message in err and "hint:" in err, err
 
 
-def test_software_flags_are_refused_for_a_local_run() -> None:
-    code, _, err = launch("--container=/i.sif", scheduler="local")
-    assert code == 2 and "--container with a local run: sets up a Slurm or PBS job script's environment" in err
+@pytest.mark.parametrize(("flags", "message", "hint"), [
+    (["--container-setup=echo hi"], "--container-setup 'echo hi': {preset} runs no container",
+     "name the image with --container IMAGE"),
+    (["--container=/i.sif", "--container-setup= "], "--container-setup ' ': must not be empty", "e.g. --container"),
+    (["--container=/i.sif", "--container-setup=echo a\necho b"], "--container-setup 'echo a\\necho b': must not "
+     "contain newlines", "e.g. --container-setup"),
+    (["--container=/i.sif", "--container-setup=source venv/bin/activate &&"], "--container-setup 'source "
+     "venv/bin/activate &&': is not a line bash can read", "e.g. --container-setup"),
+])
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
+def test_container_setup_mistakes_are_one_line_errors(flags: list[str], message: str, hint: str,
+                                                      scheduler: str) -> None:
+    code, _, err = launch(*flags, scheduler=scheduler)
+    said = [line for line in err.splitlines() if not line.startswith("nodescale: warning:")]
+    assert code == 2 and len(said) == 2, err
+    assert said[0].startswith(f"nodescale: error: {message.format(preset=f'generic-{scheduler}')}"), err
+    assert said[1].startswith(f"  hint: {hint}"), err
+
+
+@pytest.mark.parametrize("flag", ["--container=/i.sif", "--setup=echo hi", "--container-setup=echo hi"])
+def test_software_flags_are_refused_for_a_local_run(flag: str) -> None:
+    code, _, err = launch(flag, scheduler="local")
+    name, _, value = flag.partition("=")
+    assert code == 2 and f"{name} {shlex.quote(value)} with a local run: sets up a Slurm or PBS job script's " \
+        "environment" in err, err
 
 
 def test_flags_reach_the_script() -> None:
@@ -245,7 +269,8 @@ def test_submitting_environment_is_found(tmp_path: Path) -> None:
 
 
 def test_activation_comes_after_the_modules_and_before_the_setup_lines() -> None:
-    venv = Software(modules=["python/3.11"], setup=["echo setup"], python_env=PythonEnv(kind="venv", prefix="/v e"))
+    venv = Software(lines=[("module", "python/3.11"), ("setup", "echo setup")],
+                    python_env=PythonEnv(kind="venv", prefix="/v e"))
     lines = render(spec_with("slurm-gres", "torchrun", software=venv), PRESETS["slurm-gres"]).split("\n")
     order = [lines.index(line) for line in ["module load pytorch/2.1", "module load python/3.11",
                                             "source '/v e/bin/activate'", "echo setup", "set -u"]]
@@ -256,6 +281,47 @@ def test_activation_comes_after_the_modules_and_before_the_setup_lines() -> None
     contained = render(spec_with("slurm-container", "torchrun", software=venv), PRESETS["slurm-container"])
     assert "/v e/" not in contained  # in a container, the container's Python
     assert "# The submitting Python environment is not activated: the job's Python is the container's." in contained
+
+
+# --- the software environment as typed ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
+def test_module_and_setup_lines_run_in_the_order_typed(scheduler: str) -> None:
+    """LUMI's `module use` must come before the `module load` it makes possible."""
+    code, out, err = launch("--module=first", "--setup=module use /appl/local/containers/ai-modules",
+                            "--module=singularity-userfilesystems", "--setup=echo last", scheduler=scheduler)
+    assert code == 0, err
+    assert [line for line in out.split("\n") if line.startswith(("module ", "echo last"))] == [
+        "module load first", "module use /appl/local/containers/ai-modules", "module load singularity-userfilesystems",
+        "echo last"]
+
+
+def test_the_presets_software_comes_first_then_the_command_lines_as_typed() -> None:
+    software = Software(lines=[("module", "cuda/12.2"), ("module", "early"), ("setup", "module use /x"),
+                               ("module", "late"), ("module", "cuda/12.2")], python_env=CONDA)
+    text = render(spec_with("pbs-pals", "torchrun", software=software), PRESETS["pbs-pals"])
+    block = text.split("\nset +u\n", 1)[1].split("\nset -u\n", 1)[0].split("\n")
+    assert [line for line in block if not line.startswith("#")] == [
+        "module load conda", "module load cuda/12.2", "module load early",  # modules typed before any --setup
+        f'eval "$({CONDA.conda_exe} shell.bash hook)"', f"conda activate {CONDA.prefix}",
+        "conda activate /glade/work/user/envs/torch",  # the preset's setup
+        "module use /x", "module load late", "module load cuda/12.2"]  # then as typed: after `module use`, loaded
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "spawn"])
+@pytest.mark.parametrize(("preset", "image"), [("slurm-container", None), ("pbs-openmpi", "/i.sif")])
+def test_container_setup_lines_run_inside_the_container_after_the_presets(preset: str, image: str | None, mode: str,
+                                                                        tmp_path: Path) -> None:
+    software = Software(container=image, container_setup=["echo inside", "cd /work"])
+    text = render(spec_with(preset, mode, software=software), PRESETS[preset])
+    words, _, after = text[text.index("singularity exec"):].partition("\n")
+    assert words.endswith(" \\") and after.lstrip().startswith("bash -c '\n"), after
+    script = after.split("bash -c '\n", 1)[1].split("\n")
+    container = PRESETS[preset].container
+    expected = ["set -e", *(container.setup if container else []), "echo inside", "cd /work"]
+    assert [line.strip() for line in script[:len(expected)]] == expected
+    bash_n(text, tmp_path)
 
 
 def test_a_submitting_venv_is_detected_by_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -395,10 +395,12 @@ exec "$@"
 
 @pytest.mark.parametrize("flavour", ["mpich"])
 def test_pbs_job_runs_its_command_in_the_container(flavour: str, tmp_path: Path, pbs_run) -> None:  # noqa: F811
-    """--container and --container-bind: mpiexec starts the command through `singularity exec` on the node."""
+    """--container and --container-bind: mpiexec starts the command through `singularity exec` on the node, where
+    the --container-setup line runs first; the batch shell runs --setup and --module in the order typed."""
     result = run_cli(["launch", "--scheduler", "pbs", "--nodes", "1", "--gpus-per-node", "0", "--mode", "spawn",
                       "--job-dir", "jobs", "--container", "/images/torch.sif", "--container-bind", "/scratch",
-                      "--container-bind", "/data:/mnt/data", "--module", "cuda", "--dry-run", "--",
+                      "--container-bind", "/data:/mnt/data", "--setup", "module use /appl/ai-modules", "--module",
+                      "cuda", "--container-setup", 'echo "SETUP in $IN_CONTAINER"', "--dry-run", "--",
                       "bash", "-c", 'echo "RAN in $IN_CONTAINER as $0"', "arg0"], cwd=tmp_path)
     submit, _, text = result.stdout.partition("\n")
     script = Path(submit.removeprefix("# qsub "))
@@ -413,9 +415,11 @@ def test_pbs_job_runs_its_command_in_the_container(flavour: str, tmp_path: Path,
     path = os.pathsep.join([str(stand_ins), str(scratch_bin), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
     job = pbs_run(script, 1, mpiexec=flavour, workdir=tmp_path, env={"PATH": path})
     assert job.returncode == 0, job.output
-    assert "module load cuda" in job.output
-    assert "STAND-IN singularity image=/images/torch.sif binds=/scratch,/data:/mnt/data" in job.output, job.output
-    assert "RAN in /images/torch.sif as arg0" in job.output, job.output
+    said = [job.output.find(text) for text in [
+        "module use /appl/ai-modules\nmodule load cuda\n",
+        "STAND-IN singularity image=/images/torch.sif binds=/scratch,/data:/mnt/data",
+        "SETUP in /images/torch.sif", "RAN in /images/torch.sif as arg0"]]
+    assert -1 not in said and said == sorted(said), job.output
 
 
 def test_slurm_data_pack_splits_the_shards_across_tasks_as_one_process_packs_them(slurm: SlurmCluster,

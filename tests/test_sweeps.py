@@ -287,3 +287,27 @@ def test_local_sweep_runs_every_member_and_resubmits_the_failed_one(tmp_path: Pa
     sweep = sweep_manifest.read(directory)
     assert [(s.members, s.resume) for s in sweep.submissions] == [([0, 1], False), ([1], True)]
     assert "nothing failed (2 done)" in run_cli(["launch", "--resubmit-failed", str(directory)], cwd=tmp_path).stdout
+
+
+def test_resubmit_failed_keeps_the_software_lines_in_the_order_typed(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """--resubmit-failed rebuilds the job by parsing the argv sweep.json recorded: `module use` stays before the
+    `module load` it serves, and the --container-setup line stays in the container."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "qsub").write_text("#!/bin/sh\necho 4242[].pbsserver\n")  # no PBS server here
+    (tmp_path / "bin" / "qsub").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{search_path()}")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = launch("--scheduler", "pbs", "--gpus-per-node", "0", "--job-dir", "jobs", "--sweep", "a=1,2",
+                          "--module", "first", "--setup", "module use /appl/local/containers/ai-modules", "--module",
+                          "singularity-userfilesystems", "--container", "/i.sif", "--container-setup",
+                          "$WITH_CONDA && source venv/bin/activate", "--", "true")
+    assert code == 0, err
+    directory = next((tmp_path / "jobs" / "sweeps").iterdir())
+    code, out, err = launch("--resubmit-failed", str(directory), "--dry-run")
+    assert code == 0 and "2 failed; submitting the failed members again" in out, err  # neither ran: no summary
+    lines = [line.strip() for line in out.split("\n")]
+    assert [line for line in lines if line.startswith("module ")] == [
+        "module load first", "module use /appl/local/containers/ai-modules", "module load singularity-userfilesystems"]
+    assert lines[lines.index("bash -c '") + 1:][:2] == ["set -e", "$WITH_CONDA && source venv/bin/activate"], out

@@ -1,13 +1,14 @@
 """``launch``'s scheduler-option and software flags: their parser arguments, and the checked values.
 
-``--mem``, ``--constraint``, ... become :class:`SchedulerOptions`; ``--module``, ``--setup``,
-``--container`` and the submitting Python environment become :class:`Software`. A value the models
+``--mem``, ``--constraint``, ... become :class:`SchedulerOptions`; ``--module``, ``--setup`` (in the order
+typed), ``--container``, ... and the submitting Python environment become :class:`Software`. A value the models
 refuse is a :class:`UserError` naming the flag.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import Any
 
@@ -32,8 +33,11 @@ SCHEDULER_FLAGS = {
 REPEATABLE = {
     "--directive": ("a raw #SBATCH/#PBS option without the prefix, written with '=' (--directive=--exclusive; "
                     "repeatable)", "--directive=--gres=nvme:1"),
-    "--module": ("module loaded after the preset's (repeatable)", "--module cuda/12.2"),
-    "--setup": ("shell line run after the preset's setup (repeatable)", "--setup 'export TMPDIR=/scratch/$USER'"),
+    "--module": ("module loaded after the preset's, in order with --setup (repeatable)", "--module cuda/12.2"),
+    "--setup": ("shell line run after the preset's setup, in order with --module (repeatable)",
+                "--setup 'export TMPDIR=/scratch/$USER'"),
+    "--container-setup": ("shell line run inside the container before the command, after the preset's container "
+                          "setup (repeatable)", "--container-setup 'source /project/venv/bin/activate'"),
     "--container-bind": ("bind mount SRC[:DST] for the container (repeatable)", "--container-bind /scratch"),
 }
 SOFTWARE_FLAGS = {"--container": ("Apptainer/Singularity image the job runs in, over the preset's",
@@ -49,10 +53,14 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                        "nodescale doctor or bench comm --pairs wrote under --out (Slurm --exclude; PBS cannot exclude)")
     group.add_argument("--directive", action="append", default=[], help=REPEATABLE["--directive"][0])
     group = parser.add_argument_group("software environment (added to the preset's)")
-    for flag in ("--module", "--setup"):
-        group.add_argument(flag, action="append", default=[], help=REPEATABLE[flag][0])
+    for flag, metavar in (("--module", "MODULE"), ("--setup", "LINE")):
+        # One list for both, each entry tagged with its flag: the script keeps the order they were typed in.
+        group.add_argument(flag, action="append", default=[], dest="software_lines", metavar=metavar,
+                           type=lambda value, kind=flag[2:]: (kind, value), help=REPEATABLE[flag][0])
     group.add_argument("--container", help=SOFTWARE_FLAGS["--container"][0])
     group.add_argument("--container-bind", action="append", default=[], help=REPEATABLE["--container-bind"][0])
+    group.add_argument("--container-setup", action="append", default=[], metavar="LINE",
+                       help=REPEATABLE["--container-setup"][0])
 
 
 def _checked(model: Any, values: dict[str, Any], flags: dict[str, str]) -> Any:
@@ -62,8 +70,11 @@ def _checked(model: Any, values: dict[str, Any], flags: dict[str, str]) -> Any:
         return model(**values)
     except ValidationError as exc:
         error = exc.errors()[0]
-        flag = flags.get(str(error["loc"][0]), str(error["loc"][0]))
-        given = error.get("input")
+        field, given = str(error["loc"][0]), error.get("input")
+        if field == "lines" and isinstance(given, tuple):  # one Software.lines entry, (flag, value): name that flag
+            flag, given = f"--{given[0]}", given[1]
+        else:
+            flag = flags.get(field, field)
         shown = ", ".join(map(repr, given)) if isinstance(given, list) else repr(given)
         example = {**SCHEDULER_FLAGS, **REPEATABLE, **SOFTWARE_FLAGS}.get(flag, ("", ""))[1]
         raise UserError(f"{flag} {shown}", error["msg"].removeprefix("Value error, "),
@@ -92,16 +103,19 @@ def software(args: argparse.Namespace, scheduler: str) -> Any:
     from nodescale.launch.job_options import Software
     from nodescale.launch.software import submitting_python_env
 
-    given = {"modules": args.module, "setup": args.setup, "container": args.container,
-             "container_binds": args.container_bind}
-    if scheduler == "local" and any(given.values()):
-        flag = next(f"--{name.rstrip('s').replace('_', '-')}" for name, value in given.items() if value)
-        raise UserError(f"{flag} with a local run", "sets up a Slurm or PBS job script's environment",
-                        "run it here in the environment you want, or submit with --cluster/--scheduler")
-    python_env = submitting_python_env() if scheduler != "local" else None
-    flags = {"modules": "--module", "setup": "--setup", "container": "--container",
-             "container_binds": "--container-bind"}
-    return _checked(Software, {**given, "python_env": python_env}, flags)
+    named = [(f"--{kind}", value) for kind, value in args.software_lines]
+    named += [("--container", image) for image in [args.container] if image is not None]
+    named += [("--container-bind", bind) for bind in args.container_bind]
+    named += [("--container-setup", line) for line in args.container_setup]
+    if scheduler == "local" and named:
+        raise UserError(f"{named[0][0]} {shlex.quote(named[0][1])} with a local run", "sets up a Slurm or PBS job "
+                        "script's environment", "run it here in the environment you want, or submit with "
+                        "--cluster/--scheduler")
+    given = {"lines": args.software_lines, "container": args.container, "container_binds": args.container_bind,
+             "container_setup": args.container_setup,
+             "python_env": submitting_python_env() if scheduler != "local" else None}
+    flags = {"container": "--container", "container_binds": "--container-bind", "container_setup": "--container-setup"}
+    return _checked(Software, given, flags)
 
 
 def _excluded_from(path: str | None, scheduler: str) -> list[str]:

@@ -8,9 +8,9 @@ Pro can express of it is :mod:`nodescale.launch.option_directives`'. Pure: no I/
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 # sbatch(1) --mail-type, in the man page's order.
 MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
@@ -191,38 +191,47 @@ class PythonEnv(_Strict):
         return value
 
 
+def _shell_line(line: str) -> str:
+    """``line`` unchanged; ValueError when it is empty or bash cannot read it (it goes into the script as it is:
+    a line bash cannot read would end the job at its start)."""
+    import subprocess
+
+    if not _one_line(line).strip():
+        raise ValueError("must not be empty")
+    try:
+        checked = subprocess.run(["bash", "-n", "-c", line], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return line  # no bash here to ask (the cluster's still runs the script)
+    if checked.returncode != 0:
+        error = (checked.stderr.strip().splitlines() or ["a syntax error"])[0]
+        raise ValueError(f"is not a line bash can read ({re.sub(r'^bash: -c: (line 1: )?', '', error)})")
+    return line
+
+
+def _software_line(entry: tuple[str, str]) -> tuple[str, str]:
+    kind, text = entry
+    if kind == "setup":
+        _shell_line(text)
+    elif not _one_line(text).strip():
+        raise ValueError("must not be empty")
+    return entry
+
+
+# One --module NAME or --setup LINE: ("module", NAME) or ("setup", LINE), checked one by one so that an
+# error names the entry; a list of them keeps the order they were typed in.
+SoftwareLine = Annotated[tuple[Literal["module", "setup"], str], AfterValidator(_software_line)]
+
+
 class Software(_Strict):
     """The job's software from the command line; added to the preset's ``modules``/``setup``/``container``."""
 
-    modules: list[str] = Field(default_factory=list, description="modules loaded after the preset's")
-    setup: list[str] = Field(default_factory=list, description="shell lines run after the preset's")
+    lines: list[SoftwareLine] = Field(default_factory=list, description="--module and --setup in the order "
+                                      "typed, after the preset's: (\"module\", NAME) or (\"setup\", LINE)")
     container: str | None = Field(None, description="image the job runs in, over the preset's")
     container_binds: list[str] = Field(default_factory=list, description="bind mounts SRC[:DST], added")
+    container_setup: list[Annotated[str, AfterValidator(_shell_line)]] = Field(
+        default_factory=list, description="shell lines run inside the container, after the preset's")
     python_env: PythonEnv | None = Field(None, description="environment activated in the job script")
-
-    @field_validator("modules", "setup")
-    @classmethod
-    def _lines(cls, value: list[str]) -> list[str]:
-        for line in value:
-            if not _one_line(line).strip():
-                raise ValueError("must not be empty")
-        return value
-
-    @field_validator("setup")
-    @classmethod
-    def _shell(cls, value: list[str]) -> list[str]:
-        # A setup line goes into the script as it is: one bash cannot read would end the job at its start.
-        import subprocess
-
-        for line in value:
-            try:
-                checked = subprocess.run(["bash", "-n", "-c", line], capture_output=True, text=True, timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                return value  # no bash here to ask (the cluster's still runs the script)
-            if checked.returncode != 0:
-                error = (checked.stderr.strip().splitlines() or ["a syntax error"])[0]
-                raise ValueError(f"is not a line bash can read ({re.sub(r'^bash: -c: (line 1: )?', '', error)})")
-        return value
 
     @field_validator("container")
     @classmethod

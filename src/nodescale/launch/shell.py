@@ -151,19 +151,33 @@ def setup_block(modules: Sequence[str], setup: Sequence[str], activate: Sequence
         return []
     lines = [f"# {whose} software environment; -u is off: module and activation scripts read unset variables.",
              "set +u"]
-    lines += [f"module load {quote(module)}" for module in modules]
+    lines += [module_load(module) for module in modules]
     lines += [*activate, *setup]
     lines.append("set -u")
     return lines
 
 
+def module_load(module: str) -> str:
+    """The line that loads ``module``."""
+    return f"module load {quote(module)}"
+
+
 def software_block(spec: JobSpec, preset: Preset) -> list[str]:
-    """The preset's modules and setup, the command line's added, and the submitting environment's activation."""
-    added = spec.software
-    whose = "The preset's and the command line's" if added.modules or added.setup else "The preset's"
-    modules = list(dict.fromkeys([*preset.modules, *added.modules]))  # one the preset loads is loaded once
-    activate = activate_lines(added.python_env, preset.container is not None)
-    return setup_block(modules, [*preset.setup, *added.setup], activate, whose)
+    """The preset's modules and setup, the command line's added, and the submitting environment's activation.
+
+    The command line's ``--module`` names typed before its first ``--setup`` line load with the preset's
+    modules, before the activation (which must follow module loads that could put another python first);
+    from that line on, its lines run in the order typed, after the preset's setup: ``--setup 'module use DIR'
+    --module M`` loads M from DIR.
+    """
+    added = spec.software.lines
+    first_setup = next((i for i, (kind, _) in enumerate(added) if kind == "setup"), len(added))
+    modules = [name for _, name in added[:first_setup]]
+    in_order = [module_load(text) if kind == "module" else text for kind, text in added[first_setup:]]
+    whose = "The preset's and the command line's" if added else "The preset's"
+    activate = activate_lines(spec.software.python_env, preset.container is not None)
+    # A module the preset loads is loaded once.
+    return setup_block(list(dict.fromkeys([*preset.modules, *modules])), [*preset.setup, *in_order], activate, whose)
 
 
 def activate_lines(python_env: PythonEnv | None, container: bool) -> list[str]:

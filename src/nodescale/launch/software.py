@@ -1,13 +1,15 @@
-"""The job's software from the command line (``--container``), the submitting Python environment, and
+"""The job's software from the command line (``--container``, ...), the submitting Python environment, and
 the warning for a cluster whose PyTorch lives only in containers.
 
-``--module`` and ``--setup`` lines are added to the preset's by :func:`nodescale.launch.shell.setup_block`;
-the container is merged into the preset here, so that every launch line uses it unchanged.
+``--module`` and ``--setup`` lines are added to the preset's by :func:`nodescale.launch.shell.software_block`;
+the container, with its ``--container-setup`` lines, is merged into the preset here, so that every launch
+line uses it unchanged.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Mapping
@@ -19,16 +21,20 @@ from nodescale.launch.spec import Container, JobSpec, Preset
 
 
 def job_preset(spec: JobSpec, preset: Preset) -> Preset:
-    """``preset`` with the job's ``--container`` image (over the preset's) and ``--container-bind`` mounts added."""
+    """``preset`` with the job's ``--container`` image (over the preset's), and its ``--container-bind`` mounts
+    and ``--container-setup`` lines added after the preset's."""
     software = spec.software
-    if software.container is None and not software.container_binds:
+    if software.container is None and not software.container_binds and not software.container_setup:
         return preset
     base = preset.container or Container(image=software.container or "")
     if not base.image:
-        raise UserError(f"--container-bind {software.container_binds[0]}", f"{preset.name} runs no container",
+        flag, value = (("--container-bind", software.container_binds[0]) if software.container_binds
+                       else ("--container-setup", software.container_setup[0]))
+        raise UserError(f"{flag} {shlex.quote(value)}", f"{preset.name} runs no container",
                         "name the image with --container IMAGE")
     container = base.model_copy(update={"image": software.container or base.image,
-                                        "binds": [*base.binds, *software.container_binds]})
+                                        "binds": [*base.binds, *software.container_binds],
+                                        "setup": [*base.setup, *software.container_setup]})
     return preset.model_copy(update={"container": container})
 
 
