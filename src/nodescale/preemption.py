@@ -84,8 +84,8 @@ def hf_trainer_callback() -> Any:
     """A ``transformers.TrainerCallback``: on the stop signal, save a checkpoint at this step and requeue.
 
     ``Trainer(..., callbacks=[nodescale.preemption.hf_trainer_callback()])``; resume with
-    ``trainer.train(resume_from_checkpoint=get_last_checkpoint(args.output_dir))``
-    (``transformers.trainer_utils``; None on the first run).
+    ``trainer.train(resume_from_checkpoint=get_last_checkpoint(out) if os.path.isdir(out) else None)``
+    (``transformers.trainer_utils``; it returns None when ``out`` holds no checkpoint yet).
     """
     from transformers import TrainerCallback
 

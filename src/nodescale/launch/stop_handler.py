@@ -51,7 +51,7 @@ def decide(command: list[str], given: str | None, scheduler: str, mode: str, wor
     script = script_of(command, workdir)
     if script is None:
         return Decision("none", "not a Python script nodescale can read")
-    names = imported_names(script)
+    names = imported_names(script, workdir)
     shown = script.name
     if "nodescale" in names:
         return Decision("nodescale", f"{shown} imports nodescale")
@@ -111,12 +111,13 @@ def _module_file(name: str, root: Path) -> Path | None:
     return None
 
 
-def imported_names(script: Path) -> set[str]:
-    """The top-level names of every module ``script`` imports, and its own modules beside it import.
+def imported_names(script: Path, workdir: Path | None = None) -> set[str]:
+    """The top-level names of every module ``script`` imports, and its own modules import: those in its
+    folder or in ``workdir`` (where ``python x.py`` and ``python -m`` find them).
 
     Files are parsed, never run; a file too large, unreadable or not Python adds nothing.
     """
-    root = script.parent
+    roots = list(dict.fromkeys([script.parent, *([workdir] if workdir else [])]))
     names: set[str] = set()
     pending, seen = [script], set()
     while pending and len(seen) < MAX_FILES:
@@ -126,13 +127,12 @@ def imported_names(script: Path) -> set[str]:
         seen.add(path)
         for dotted in _imports(path):
             names.add(dotted.split(".")[0])
-            local = _module_file(dotted, root)
-            if local is not None and local not in seen:
-                pending.append(local)
+            pending += [found for root in roots if (found := _module_file(dotted, root)) and found not in seen]
     return names
 
 
 def _imports(path: Path) -> list[str]:
+    """Each module ``path`` imports; ``from a import b`` also as ``a.b`` (b may be a module)."""
     try:
         if path.stat().st_size > MAX_SCRIPT_BYTES:
             return []
@@ -144,5 +144,5 @@ def _imports(path: Path) -> list[str]:
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.append(node.module)
+            found += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*")]
     return found
