@@ -88,6 +88,16 @@ def worker_environment(
     return env
 
 
+def one_worker_variables(base: Mapping[str, str]) -> dict[str, str]:
+    """What ``torchrun --standalone --nproc-per-node 1`` gives its one worker, where ``base`` says otherwise.
+
+    For a command that runs in place of a launcher (``exec``): its rank 0 serves the store, as there
+    is no agent store beside it.
+    """
+    env = worker_environment(base, 0, 1, free_port(LOOPBACK), uuid.uuid4().hex, {})
+    return {name: value for name, value in env.items() if base.get(name) != value}
+
+
 class _Stop(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
