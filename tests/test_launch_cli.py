@@ -125,6 +125,36 @@ def test_one_local_process_gets_torchruns_variables(tmp_path: Path) -> None:
     assert seen == {"RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "ROLE_RANK": "0"}
 
 
+# Rank 1 raises once both joined: torch's excepthook labels the traceback's lines "[rank1]: " itself.
+RANK_1_RAISES = """import os, sys
+import torch.distributed as dist
+dist.init_process_group(backend="gloo")
+if os.environ["RANK"] == "1":
+    print("[rank0]: a line that names another rank", file=sys.stderr, flush=True)
+    raise RuntimeError("rank 1 gave up")
+"""
+
+
+@pytest.mark.multiproc
+def test_a_line_torch_labelled_already_gets_no_second_label(tmp_path: Path) -> None:
+    """On the terminal and in ranks.log a traceback's line reads "[rank1]: ...", not "[rank1]: [rank1]: ...";
+    `nodescale logs` and its failure summary still read that rank's lines."""
+    (tmp_path / "raise.py").write_text(RANK_1_RAISES)
+    result = run_cli(["launch", "--nproc-per-node", "2", "--job-dir", "jobs", "--", sys.executable, "raise.py"],
+                     cwd=tmp_path, check=False)
+    assert result.returncode == 1, result.stderr[-2000:]
+    log = (tmp_path / "jobs" / "ranks.log").read_text().splitlines()
+    for lines in (result.stderr.splitlines(), log):
+        assert "[rank1]: RuntimeError: rank 1 gave up" in lines, lines
+        assert not any("[rank1]: [rank1]:" in line for line in lines), lines
+        assert "[rank1]: [rank0]: a line that names another rank" in lines, lines  # another rank's label stays
+    own = run_cli(["logs", "jobs", "--rank", "1"], cwd=tmp_path).stdout.splitlines()
+    assert "RuntimeError: rank 1 gave up" in own and "Traceback (most recent call last):" in own, own
+    failure = run_cli(["logs", "jobs", "--failure"], cwd=tmp_path).stdout.splitlines()
+    assert failure[-1].startswith("nodescale: the job failed: rank 1 on "), failure
+    assert "nodescale: | RuntimeError: rank 1 gave up" in failure, failure
+
+
 # Each process says its own command line, its parent's (the launcher's), its rank and a variable from --env.
 WHO_RUNS_ME = """import json, os
 def argv(pid): return open(f"/proc/{pid}/cmdline").read().split(chr(0))[:-1]
