@@ -99,10 +99,66 @@ def test_local_launch_runs_any_command_on_n_processes(tmp_path: Path) -> None:
     assert read_summary(tmp_path / "run")["world_size"] == 2
 
 
+# A user's plain DDP script, as torchrun runs it: env:// rendezvous, its device from LOCAL_RANK.
+ENV_RENDEZVOUS = """import json, os
+import torch, torch.distributed as dist
+dist.init_process_group(backend="gloo")
+total = torch.tensor([int(os.environ["LOCAL_RANK"]) + 1.0])
+dist.all_reduce(total)
+print(json.dumps({"sum": total.item(), "world": dist.get_world_size(),
+                  **{name: os.environ[name] for name in ("RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                                                         "MASTER_ADDR", "TORCHELASTIC_RUN_ID")}}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.multiproc
+def test_one_local_process_gets_torchruns_variables(tmp_path: Path) -> None:
+    """`launch --nproc-per-node 1` runs a script that `torchrun --standalone --nproc-per-node 1` runs (it failed:
+    "environment variable RANK expected, but not set"); no agent store is claimed, so its rank 0 serves one."""
+    (tmp_path / "ddp.py").write_text(ENV_RENDEZVOUS)
+    result = run_cli(["launch", "--nproc-per-node", "1", "--", sys.executable, "ddp.py"], cwd=tmp_path, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (seen.pop("sum"), seen.pop("world"), seen.pop("MASTER_ADDR")) == (1.0, 1, "127.0.0.1")
+    assert len(seen.pop("TORCHELASTIC_RUN_ID")) > 0
+    assert seen == {"RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "ROLE_RANK": "0"}
+
+
+# Rank 1 raises once both joined: torch's excepthook labels the traceback's lines "[rank1]: " itself.
+RANK_1_RAISES = """import os, sys
+import torch.distributed as dist
+dist.init_process_group(backend="gloo")
+if os.environ["RANK"] == "1":
+    print("[rank0]: a line that names another rank", file=sys.stderr, flush=True)
+    raise RuntimeError("rank 1 gave up")
+"""
+
+
+@pytest.mark.multiproc
+def test_a_line_torch_labelled_already_gets_no_second_label(tmp_path: Path) -> None:
+    """On the terminal and in ranks.log a traceback's line reads "[rank1]: ...", not "[rank1]: [rank1]: ...";
+    `nodescale logs` and its failure summary still read that rank's lines."""
+    (tmp_path / "raise.py").write_text(RANK_1_RAISES)
+    result = run_cli(["launch", "--nproc-per-node", "2", "--job-dir", "jobs", "--", sys.executable, "raise.py"],
+                     cwd=tmp_path, check=False)
+    assert result.returncode == 1, result.stderr[-2000:]
+    log = (tmp_path / "jobs" / "ranks.log").read_text().splitlines()
+    for lines in (result.stderr.splitlines(), log):
+        assert "[rank1]: RuntimeError: rank 1 gave up" in lines, lines
+        assert not any("[rank1]: [rank1]:" in line for line in lines), lines
+        assert "[rank1]: [rank0]: a line that names another rank" in lines, lines  # another rank's label stays
+    own = run_cli(["logs", "jobs", "--rank", "1"], cwd=tmp_path).stdout.splitlines()
+    assert "RuntimeError: rank 1 gave up" in own and "Traceback (most recent call last):" in own, own
+    failure = run_cli(["logs", "jobs", "--failure"], cwd=tmp_path).stdout.splitlines()
+    assert failure[-1].startswith("nodescale: the job failed: rank 1 on "), failure
+    assert "nodescale: | RuntimeError: rank 1 gave up" in failure, failure
+
+
 # Each process says its own command line, its parent's (the launcher's), its rank and a variable from --env.
 WHO_RUNS_ME = """import json, os
 def argv(pid): return open(f"/proc/{pid}/cmdline").read().split(chr(0))[:-1]
-print(json.dumps({"own": argv("self"), "parent": argv(os.getppid()), "rank": os.environ.get("RANK", "0"),
+print(json.dumps({"own": argv("self"), "parent": argv(os.getppid()), "rank": os.environ.get("RANK"),
                   "note": os.environ["NODESCALE_NOTE"]}))
 """
 
@@ -110,13 +166,17 @@ print(json.dumps({"own": argv("self"), "parent": argv(os.getppid()), "rank": os.
 @pytest.mark.multiproc
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_local_dry_run_prints_the_command_that_runs(nproc: int, tmp_path: Path) -> None:
-    """The printed line is the process that runs (the command, or the launcher of its ranks), with the
-    printed variables; run in a shell, it does the same."""
+    """The printed line is the process that runs (the command with torchrun's variables, or the launcher of
+    its ranks), with the printed variables; run in a shell, it does the same. One process: a CPU's default."""
     (tmp_path / "who.py").write_text(WHO_RUNS_ME)
-    flags = ["--gpus-per-node", "0", "--nproc-per-node", str(nproc), "--env", "NODESCALE_NOTE=a 'b' c"]
+    flags = ["--gpus-per-node", "0", *(["--nproc-per-node", "2"] if nproc == 2 else []),
+             "--env", "NODESCALE_NOTE=a 'b' c"]
     printed = run_cli(["launch", "--dry-run", *flags, "--", sys.executable, "who.py"], cwd=tmp_path).stdout
-    assignment, *command = shlex.split(printed)
-    assert assignment == "NODESCALE_NOTE=a 'b' c"
+    words = shlex.split(printed)
+    command = words[words.index(sys.executable):]
+    assignments = dict(word.split("=", 1) for word in words[:words.index(sys.executable)])
+    assert assignments.pop("NODESCALE_NOTE") == "a 'b' c"
+    assert assignments.get("RANK") == ("0" if nproc == 1 else None)
     real = run_cli(["launch", *flags, "--", sys.executable, "who.py"], cwd=tmp_path)
     shell = subprocess.run(["bash", "-c", printed], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
                            timeout=240, check=True)

@@ -299,9 +299,33 @@ def test_the_failure_named_is_the_first_one_not_its_consequences() -> None:
     # Rank 0 failed by itself; rank 1 ignored the launcher's SIGTERM and got its SIGKILL.
     assert describe_failure({0: 1, 1: -9}, stopped={1}) == "rank 0 exited with 1"
     # Two ranks failed by themselves: both named; the stopped ones only when nothing else failed.
-    assert describe_failure({0: 1, 1: 1, 2: -15}, stopped={2}) == "rank 0 exited with 1, rank 1 exited with 1"
-    assert describe_failure({0: -15, 1: -15}, stopped={0, 1}) == "rank 0 exited with -15 (SIGTERM), " \
-                                                                 "rank 1 exited with -15 (SIGTERM)"
+    assert describe_failure({0: 1, 1: 1, 2: -15}, stopped={2}) == "ranks 0 and 1 exited with 1"
+    assert describe_failure({0: -15, 1: -15}, stopped={0, 1}) == "ranks 0 and 1 exited with -15 (SIGTERM)"
+    assert describe_failure({0: 1, 1: 4, 2: 1, 3: 1}) == "ranks 0, 2 and 3 exited with 1, rank 1 exited with 4"
+
+
+def test_a_rank_already_failing_when_the_others_are_stopped_is_named(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 fails by itself, but is still on its way out when rank 0's exit is seen: the launcher's SIGTERM
+    finds it running, yet it exits with its own code, so it failed of its own accord, not by the stop."""
+    from nodescale.launch.schedulers.local_launcher import launch_local
+
+    monkeypatch.chdir(tmp_path)
+    command = _script(tmp_path, "both_fail", """
+        import os, pathlib, signal, sys, time
+        if os.environ["RANK"] == "1":
+            # Its way out must not be cut short (a last line to write, a file to close): a SIGTERM waits for
+            # it. Here the way out lasts until the launcher has sent one, whatever the machine's speed.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            pathlib.Path("rank1-failing").touch()
+            signal.sigwait({signal.SIGTERM})
+            sys.exit(1)
+        while not pathlib.Path("rank1-failing").exists():
+            time.sleep(0.01)
+        sys.exit(1)
+    """)
+    assert launch_local(command, 2) == 1
+    assert "nodescale: worker processes failed: ranks 0 and 1 exited with 1" in capfd.readouterr().err.splitlines()
 
 
 def test_every_worker_that_ended_is_reported_with_the_failure() -> None:

@@ -16,11 +16,12 @@ from nodescale.errors import UserError, program_not_found
 from nodescale.launch.envcheck import check_env
 from nodescale.launch.schedulers import local_launcher
 from nodescale.launch.schedulers.base import DryRun, Scheduler
+from nodescale.launch.schedulers.local_worker_group import one_worker_variables
 from nodescale.launch.spec import JobSpec, Preset
 
 
 class Local(Scheduler):
-    """One process runs the command; several are started by :mod:`.local_launcher`, torchrun-style."""
+    """One process runs the command with torchrun's variables; several are started by :mod:`.local_launcher`."""
 
     name = "local"
 
@@ -38,11 +39,14 @@ class Local(Scheduler):
             raise UserError(f"--max-restarts {spec.max_restarts} with --mode spawn and --scheduler local",
                             "the command starts its own processes here, so nodescale cannot restart them",
                             "use --mode torchrun, or restart inside the command")
-        argv = list(spec.command)
+        argv, env = list(spec.command), dict(spec.env)
         if spec.mode != "spawn" and (spec.nproc_per_node > 1 or spec.max_restarts):
             # One process with restarts runs as one restartable worker, as `nodescale train --max-restarts` does.
             argv = local_launcher.command_line(spec.nproc_per_node, spec.command, spec.max_restarts, spec.job_dir)
-        return DryRun(spec, tuple(argv), dict(spec.env))
+        elif spec.mode != "spawn":
+            # One process is a torchrun job of one too (a CPU machine's default): any env:// script runs unchanged.
+            env.update(one_worker_variables({**os.environ, **spec.env}))
+        return DryRun(spec, tuple(argv), env)
 
     def submit(self, dryrun: DryRun) -> NoReturn:
         """Become the dry run's command (``exec``); UserError if its program is not on PATH."""

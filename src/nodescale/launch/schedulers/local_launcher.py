@@ -170,7 +170,8 @@ def _launch_local(command: Sequence[str], nproc: int, max_restarts: int, store_p
 
 
 def describe_failure(codes: dict[int, int], stopped: Collection[int] = ()) -> str:
-    """``rank 1 exited with -9 (SIGKILL)``: the ranks that failed first, not those that followed.
+    """``rank 1 exited with -9 (SIGKILL)``, ``ranks 0 and 1 exited with 1``: the ranks that failed first, not
+    those that followed.
 
     Once one worker fails the others are ended (``stopped``: by nodescale's launcher; a
     SIGTERM under torchrun's agent), and a rank whose peer died fails on its own a moment
@@ -181,9 +182,14 @@ def describe_failure(codes: dict[int, int], stopped: Collection[int] = ()) -> st
     own = {rank: code for rank, code in codes.items() if rank not in stopped and code != -signal.SIGTERM} or codes
     crashed = any(code < 0 for code in own.values())
     first = {rank: code for rank, code in own.items() if code != 1} if crashed else own
-    parts = []
+    ranks_by_code: dict[int, list[int]] = {}
     for rank, code in sorted(first.items()):
-        text = f"rank {rank} exited with {code}"
+        ranks_by_code.setdefault(code, []).append(rank)
+    parts = []
+    for code, ranks in ranks_by_code.items():
+        names = [str(rank) for rank in ranks]
+        who = f"rank {names[0]}" if len(names) == 1 else f"ranks {', '.join(names[:-1])} and {names[-1]}"
+        text = f"{who} exited with {code}"
         if code < 0:
             try:
                 text += f" ({signal.Signals(-code).name})"

@@ -88,7 +88,10 @@ class RankOutput:
 
     def _write(self, rank: int, lines: list[bytes], terminal: IO[str] | None) -> None:
         plain = (_CONTROL.sub(b"", line).rsplit(b"\r", 1)[-1] for line in lines)  # the text a terminal shows
-        text = "".join(f"[rank{rank}]: {line.decode(errors='replace')}\n" for line in plain)
+        # torch labels an uncaught exception's lines with the rank itself (its excepthook): one label is enough.
+        own = f"[rank{rank}]:".encode()
+        labelled = (line if line.startswith(own) else b"%s %s" % (own, line) for line in plain)
+        text = "".join(f"{line.decode(errors='replace')}\n" for line in labelled)
         self._emit([self._log] if terminal is None else [terminal, self._log], text)
 
     def _emit(self, streams: list[IO[str]], text: str) -> None:

@@ -56,7 +56,7 @@ class GroupResult:
 
     codes: dict[int, int]  # each rank's exit code; negative: ended by that signal
     stopped_by: signal.Signals | None = None  # a stop signal to the launcher ended the group
-    stopped: frozenset[int] = frozenset()  # ranks the launcher itself ended (after a failure or a stop signal)
+    stopped: frozenset[int] = frozenset()  # ranks the launcher's signal ended (after a failure or a stop signal)
 
     @property
     def failures(self) -> dict[int, int]:
@@ -86,6 +86,16 @@ def worker_environment(
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     })
     return env
+
+
+def one_worker_variables(base: Mapping[str, str]) -> dict[str, str]:
+    """What ``torchrun --standalone --nproc-per-node 1`` gives its one worker, where ``base`` says otherwise.
+
+    For a command that runs in place of a launcher (``exec``): its rank 0 serves the store, as there
+    is no agent store beside it.
+    """
+    env = worker_environment(base, 0, 1, free_port(LOOPBACK), uuid.uuid4().hex, {})
+    return {name: value for name, value in env.items() if base.get(name) != value}
 
 
 class _Stop(Exception):
@@ -148,15 +158,12 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
         if output:
             output.started()
         codes = _wait_for_all_or_a_failure(workers)
-        stopped = _stop_workers(workers, signal.SIGTERM, grace_seconds) if any(codes.values()) else {}
-        return GroupResult({**codes, **stopped}, stopped=frozenset(stopped))
+        return _end_group(workers, signal.SIGTERM, grace_seconds) if any(codes.values()) else GroupResult(codes)
     except _Stop as request:
         # A second stop signal while the workers finish must not interrupt the wait for them.
         _install({s: signal.SIG_IGN for s in STOPPING_SIGNALS})
         all_forked()  # a stop during the fork server's imports reaches the ranks once they exist
-        codes = {rank: worker.returncode for rank, worker in workers.items() if worker.returncode is not None}
-        stopped = _stop_workers(workers, signal.Signals(request.signum), grace_seconds)
-        return GroupResult({**codes, **stopped}, signal.Signals(request.signum), frozenset(stopped))
+        return _end_group(workers, signal.Signals(request.signum), grace_seconds, stopped_by=True)
     finally:
         _install(previous)
         all_forked()
@@ -166,6 +173,18 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
                 _stop_workers({-1: helper}, signal.SIGTERM, 10.0)
         if output:
             output.close()
+
+
+def _end_group(workers: Mapping[int, Worker], sig: signal.Signals, grace_seconds: float,
+               stopped_by: bool = False) -> GroupResult:
+    """Stop the workers still running with ``sig``; every rank's exit code, and the ranks the stop ended."""
+    signalled = _stop_workers(workers, sig, grace_seconds)
+    # Every rank's code: one that ended after the failure was seen, before the stop began, is a failure too.
+    codes = {rank: int(worker.returncode) for rank, worker in workers.items() if worker.returncode is not None}
+    # Stopped: ended by a signal (this one, or the SIGKILL after the grace). A rank that exits with a code of its
+    # own says how it ended itself: most often it was leaving already (in the kernel's exit, not yet reaped).
+    stopped = frozenset(rank for rank, code in signalled.items() if code < 0)
+    return GroupResult(codes, sig if stopped_by else None, stopped)
 
 
 def _start_store_server(nproc: int) -> tuple[subprocess.Popen[bytes], int]:
