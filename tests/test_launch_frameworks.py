@@ -26,6 +26,7 @@ import pytest
 
 from nodescale.launch.rank_logs import parse
 from scheduler_fixtures import SlurmCluster
+from test_preemption import wait_until
 from test_launch_schedulers import finish, isolated, launch_slurm, slurm, submitted  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
@@ -93,3 +94,76 @@ def test_deepspeed_zero1(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: 
     require_module("deepspeed")
     ranks = run_script(slurm, tmp_path, "deepspeed_script.py")
     assert {rank["zero_stage"] for rank in ranks} == {1}, ranks
+
+
+def test_a_stop_signal_requeues_through_its_own_handler(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    """The requeue cells of docs/launch.md's table, live and at once (three nodes, the last job waits for one):
+
+    - Lightning requeues itself (stop handler framework): its ranks start with USR1's default action, so it
+      installs its handler (before, every rank started with it ignored: no checkpoint, no requeue);
+    - a plain DDP script with nodescale.preemption (stop handler nodescale), under torchrun's agent,
+      checkpoints, is requeued by the job script and resumes;
+    - a bare exit code 3, even with --stop-handler nodescale, is a failure, not a requeue (before, the job
+      script requeued it, for ever on a real cluster).
+    """
+    require_module("lightning")
+    jobs = {}
+    per_gpu = ("--gpus-per-node", "1", "--nproc-per-node", "1", "--mode", "per-gpu")  # one task per (fake) GPU
+    for name, script, options in (("lightning", "lightning_requeue_script.py", ("--nodes", "2", *per_gpu)),
+                                  ("helper", "preemption_script.py", ("--gpus-per-node", "0", "--nproc-per-node",
+                                                                      "2", "--mode", "torchrun")),
+                                  ("exit3", None, (*per_gpu, "--stop-handler", "nodescale"))):
+        work = tmp_path / name
+        work.mkdir()
+        command = [sys.executable, "-c", "import sys; sys.exit(3)"]
+        if script is not None:
+            shutil.copy(SCRIPTS / script, work / script)
+            command = [sys.executable, script]
+        result = launch_slurm(work, *options, command=command)
+        said = [line for line in result.stderr.splitlines() if line.startswith("nodescale: stop handler")]
+        jobs[name] = (work, *submitted(result.stdout), said)
+    assert jobs["lightning"][4][0].startswith("nodescale: stop handler framework (lightning_requeue_script.py")
+    assert jobs["helper"][4][0].startswith("nodescale: stop handler nodescale (preemption_script.py imports")
+
+    def ready(name: str) -> bool:
+        work = jobs[name][0]
+        if name == "lightning":  # both ranks wait outside any collective for the signal
+            return (work / "ready-0").exists() and (work / "ready-1").exists()
+        progress = work / "progress"
+        return progress.exists() and progress.read_text().isdigit() and int(progress.read_text()) >= 5
+
+    try:
+        for name in ("lightning", "helper"):
+            work, job_id, _, log, _ = jobs[name]
+            assert wait_until(lambda: ready(name), 240), f"{name}: no progress\n{log.read_text(errors='replace')}"
+            slurm.command("scancel", "--signal=USR1", "--batch", job_id)
+        outputs = {}
+        for name in ("lightning", "helper"):
+            work, job_id, _, log, _ = jobs[name]
+            requeued = wait_until(lambda: slurm.job_fields(job_id).get("Restarts") == "1", 120)
+            assert requeued, f"{name} was not requeued: {slurm.job_fields(job_id)}\n{log.read_text(errors='replace')}"
+            outputs[name] = finish(slurm, job_id, log, 300)
+        exit3_state = slurm.wait_until_done(jobs["exit3"][1], 120)
+    finally:
+        for job in jobs.values():
+            slurm.command("scancel", job[1], check=False)
+    for name, resumed in (("lightning", 5), ("helper", None)):
+        ranks = [json.loads(line.text) for line in parse(outputs[name].splitlines()) if line.text.startswith("{")]
+        assert sorted(rank["rank"] for rank in ranks) == [0, 1], outputs[name]
+        start = ranks[0]["resumed_from"]
+        assert start >= 5 and (resumed is None or start == resumed), outputs[name]
+        assert all(rank["resumed_from"] == start and rank["steps"] == start + 3 for rank in ranks), ranks
+    assert (jobs["lightning"][0] / "hpc_ckpt_1.ckpt").is_file()
+    assert "stopped for requeue" not in outputs["lightning"]  # Lightning requeued it, nodescale did not
+    assert {rank["environment"] for rank in [json.loads(line.text) for line in parse(
+        outputs["lightning"].splitlines()) if line.text.startswith("{")]} == {"SLURMEnvironment"}
+    assert f"stopped for requeue at step {start_of(outputs['helper'])} (requeue 1 of 20)" in outputs["helper"]
+    exit3_log = jobs["exit3"][3].read_text(errors="replace")
+    assert exit3_state == "FAILED" and slurm.job_fields(jobs["exit3"][1]).get("Restarts", "0") == "0", exit3_log
+    assert "no rank wrote the requeue marker" in exit3_log, exit3_log
+
+
+def start_of(output: str) -> int:
+    """The step a run resumed from, from its ranks' JSON lines."""
+    return next(json.loads(line.text)["resumed_from"] for line in parse(output.splitlines())
+                if line.text.startswith("{"))

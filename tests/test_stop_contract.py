@@ -174,6 +174,7 @@ def test_a_pbs_rank_starts_with_the_default_action_and_exit_3_is_a_failure(tmp_p
     spec = JobSpec(scheduler="pbs", preset="generic-pbs", nodes=2, gpus_per_node=0, nproc_per_node=1,
                    mode="per-gpu", command=[sys.executable, "-c", probe], workdir=tmp_path, job_dir=tmp_path / "jobs")
     script = write(tmp_path / "job.pbs", render_pbs(spec, load_preset("generic-pbs")))
+    spec.job_dir.mkdir()  # as launch makes it
     path = os.pathsep.join([str(tmp_path / "pbs" / "bin"), str(bin_dir), search_path()])
     result = run_pbs_job(script, 2, scratch=tmp_path / "pbs", env={"PATH": path}, timeout=90)
     starts = [line for line in result.output.splitlines() if "USR1 at start:" in line]
@@ -205,6 +206,22 @@ def test_torchruns_agent_outlives_the_signal_and_its_workers_start_with_the_defa
             os.killpg(process.pid, signal.SIGKILL)
     assert (tmp_path / "at-start").read_text() == str(int(signal.SIG_DFL))
     assert (tmp_path / "handled").exists() and process.returncode == 0, output
+
+
+def test_an_mp_spawn_script_trains_in_spawn_mode_under_real_mpiexec(tmp_path: Path) -> None:
+    """A PBS job in spawn mode, run as PBS runs it: the script starts its own processes, which train."""
+    shutil.copy(FRAMEWORKS / "spawn_script.py", tmp_path)
+    spec = JobSpec(scheduler="pbs", preset="generic-pbs", nodes=1, gpus_per_node=0, nproc_per_node=1, mode="spawn",
+                   command=[sys.executable, str(tmp_path / "spawn_script.py")], workdir=tmp_path,
+                   job_dir=tmp_path / "jobs", stop_handler="none")
+    script = write(tmp_path / "job.pbs", render_pbs(spec, load_preset("generic-pbs")))
+    spec.job_dir.mkdir()  # as launch makes it
+    path = os.pathsep.join([str(tmp_path / "pbs" / "bin"), search_path()])  # run_pbs_job's mpiexec first
+    result = run_pbs_job(script, 1, scratch=tmp_path / "pbs", env={"PATH": path}, timeout=120)
+    assert result.returncode == 0, result.output
+    ranks = [json.loads(line[line.index("{"):]) for line in result.output.splitlines() if '"weight_spread"' in line]
+    assert sorted(r["rank"] for r in ranks) == [0, 1], result.output
+    assert all(r["sum"] == 3.0 and r["weight_spread"] == 0.0 for r in ranks) and len({r["pid"] for r in ranks}) == 2
 
 
 # --- local runs -----------------------------------------------------------------------------------
