@@ -26,8 +26,8 @@ import pytest
 
 from nodescale.launch.rank_logs import parse
 from scheduler_fixtures import SlurmCluster
-from test_preemption import wait_until
 from test_launch_schedulers import finish, isolated, launch_slurm, slurm, submitted  # noqa: F401 (fixtures)
+from test_preemption import wait_until
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -135,12 +135,13 @@ def test_a_stop_signal_requeues_through_its_own_handler(slurm: SlurmCluster, tmp
     try:
         for name in ("lightning", "helper"):
             work, job_id, _, log, _ = jobs[name]
-            assert wait_until(lambda: ready(name), 240), f"{name}: no progress\n{log.read_text(errors='replace')}"
+            assert wait_until(lambda name=name: ready(name), 240), \
+                f"{name}: no progress\n{log.read_text(errors='replace')}"
             slurm.command("scancel", "--signal=USR1", "--batch", job_id)
         outputs = {}
         for name in ("lightning", "helper"):
             work, job_id, _, log, _ = jobs[name]
-            requeued = wait_until(lambda: slurm.job_fields(job_id).get("Restarts") == "1", 120)
+            requeued = wait_until(lambda job_id=job_id: slurm.job_fields(job_id).get("Restarts") == "1", 120)
             assert requeued, f"{name} was not requeued: {slurm.job_fields(job_id)}\n{log.read_text(errors='replace')}"
             outputs[name] = finish(slurm, job_id, log, 300)
         exit3_state = slurm.wait_until_done(jobs["exit3"][1], 120)
