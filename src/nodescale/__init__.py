@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from nodescale import preemption
     from nodescale.api import Context, init
     from nodescale.spawning import spawn
 
-__all__ = ["Context", "init", "spawn", "__version__"]
+__all__ = ["Context", "init", "preemption", "spawn", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,4 +27,8 @@ def __getattr__(name: str) -> Any:
         from nodescale.spawning import spawn
 
         return spawn
+    if name == "preemption":  # the module: `import nodescale` then nodescale.preemption.requested()
+        import importlib
+
+        return importlib.import_module("nodescale.preemption")
     raise AttributeError(f"module 'nodescale' has no attribute {name!r}")

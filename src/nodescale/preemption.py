@@ -73,9 +73,11 @@ def requeue(step: int) -> NoReturn:
         print(f"nodescale: stopped at step {step} for requeue" + (f"; requeue marker {marker}" if marker else ""),
               file=sys.stderr, flush=True)
     if _stop is not None:
+        _stop.barrier()
         _stop.close()
-    if grouped:
+    elif grouped:
         dist.barrier()
+    if grouped:
         dist.destroy_process_group()
     raise SystemExit(EXIT_REQUEUE)
 

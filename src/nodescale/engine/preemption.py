@@ -67,6 +67,11 @@ class StopRequest:
         self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
         return False
 
+    def barrier(self) -> None:
+        """Every rank: wait until all got here, on the check's own gloo group (no device synchronisation)."""
+        if self._group is not None:
+            dist.barrier(group=self._group)
+
     def close(self, wait: bool = True) -> None:
         """Finish the pending check (every rank started it) and restore the previous handlers.
 
