@@ -1,0 +1,136 @@
+"""Hardening at the edges (issue 36): input that passed the checks and then failed somewhere worse.
+
+* Numbers: every numeric setting holds only what the code using it can take (finite, within the
+  integer type it becomes, a timeout torch accepts), refused before any process starts; a
+  Hypothesis search feeds each one extreme values and uses what is accepted as nodescale does.
+* YAML: configurations and ``--set`` values are read with limits on size, alias expansion and depth.
+* Backends: nccl on a machine without CUDA is refused before any process starts (CLI and library).
+* Files: a path in the way of a save is named; job directories and logs have one mode for every
+  scheduler, the local one included.
+
+The crafted checkpoints that must not run code are in tests/test_deepspeed.py (DeepSpeed's files,
+from a real run) and below (torch.distributed.checkpoint's, written here).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import example, given
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from nodescale.config.load import load_config
+from nodescale.config.schema import RunConfig
+from nodescale.config.strategy import SECTIONS as STRATEGY_SECTIONS
+from nodescale.data.sharding import ShardPlan, epoch_seed
+from nodescale.distributed.watchdog import interval_for
+from nodescale.errors import UserError
+from test_hostile_input import few, run_main
+
+# --- values the ranks could not use --------------------------------------------------------------
+
+TRAIN = ["train", "--max-steps", "1", "--no-progress", "--nproc", "2"]
+
+
+@pytest.mark.parametrize(("flag", "value", "rule"), [
+    ("--seed", str(2**64), "less than or equal to 18446744073709551615"),
+    ("--collective-timeout", "inf", "finite"),
+    ("--heartbeat-timeout", "1e300", "less than or equal to 100000000"),
+    ("--lr", "inf", "finite"),
+    ("--batch-size", str(2**63), "at most 2**63-1"),
+])
+def test_values_the_ranks_cannot_use_are_refused_before_any_process_starts(
+        flag: str, value: str, rule: str, tmp_path: Path) -> None:
+    code, _, stderr = run_main([*TRAIN, flag, value, "--out", str(tmp_path / "run")])
+    assert code == 2, stderr
+    assert f"{flag} {value}: " in stderr and rule in stderr and "hint:" in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "run").exists()  # refused before anything started
+
+
+def test_the_largest_seed_orders_every_epoch() -> None:
+    """2**64-1 is torch's largest seed: epoch 1 wraps to 0 instead of overflowing."""
+    plan = ShardPlan(10, world_size=1, rank=0, batch_size=2, seed=2**64 - 1)
+    assert torch.equal(plan.order(1), ShardPlan(10, 1, 0, 2, seed=0).order(0))
+    assert len({tuple(plan.order(epoch).tolist()) for epoch in range(3)}) == 3
+
+
+def _numeric_keys() -> list[tuple[str, str]]:
+    """(dotted key, strategy whose section has it) of every whole-number and decimal setting."""
+    def numeric(annotation: Any) -> bool:
+        options = get_args(annotation) or (annotation,)
+        return any(option in (int, float) for option in options)
+
+    keys = []
+    for name, field in RunConfig.model_fields.items():
+        if name == "strategy":
+            keys += [(f"strategy.{key}", owner) for owner, section in STRATEGY_SECTIONS.items()
+                     for key, inner in section.model_fields.items() if numeric(inner.annotation)]
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys += [(f"{name}.{key}", "ddp") for key, inner in field.annotation.model_fields.items()
+                     if numeric(inner.annotation)]
+    return sorted(set(keys))
+
+
+NUMERIC_KEYS = _numeric_keys()
+EXTREMES = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 1e8, 1e8 + 1, 9.3e9, 1e300, 5e-324]),
+    st.sampled_from(["inf", "-inf", "nan", "1e309", "Infinity", str(2**64), "1" + "0" * 22]),
+)
+
+
+@pytest.fixture(scope="module")
+def store() -> dist.TCPStore:
+    """A store server for the timeouts' clients (one: torch's connect stalls 5 s once in a hundred or so)."""
+    return dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=60))
+
+
+def use_as_nodescale_does(cfg: RunConfig, store: dist.TCPStore, timeouts: bool) -> None:
+    """Give every number of ``cfg`` to what consumes it; an exception fails the test. ``timeouts``: connect
+    a store client with each timeout, as every rank and the watchdog do (torch counts in int64 nanoseconds)."""
+    torch.Generator().manual_seed(epoch_seed(cfg.train.seed, 10**6))  # every epoch's order, the largest seed too
+    random.Random(cfg.train.seed)
+    for timeout in (cfg.strategy.timeout_s, cfg.train.heartbeat_timeout_s):
+        if timeout > 0 and timeouts:
+            dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=timeout))
+            interval_for(timeout)
+    lock = threading.Lock()  # the monitor's sleeps: an unheld lock answers at once, or refuses the timeout
+    assert lock.acquire(timeout=cfg.observe.monitor_interval_s)
+    cap = getattr(cfg.strategy, "bucket_cap_mb", None)
+    if cap is not None:  # DDP's bucket size in bytes, as DDP computes it
+        dist._compute_bucket_assignment_by_size([torch.zeros(1)], [int(cap * 1024 * 1024)])
+    for section in cfg.model_dump(exclude={"model": {"args"}, "data": {"args"}}).values():
+        for key, value in (section.items() if isinstance(section, dict) else []):
+            if isinstance(value, float):
+                assert value == value and abs(value) != float("inf"), (key, value)
+            elif isinstance(value, int) and not isinstance(value, bool) and key != "seed":
+                torch.tensor(value, dtype=torch.int64)  # the integer type sizes, counts and steps become
+
+
+@few(150)
+@given(key=st.sampled_from(NUMERIC_KEYS), value=EXTREMES)
+@example(key=("train.seed", "ddp"), value=2**64)
+@example(key=("train.seed", "ddp"), value=2**64 - 1)
+@example(key=("strategy.timeout_s", "ddp"), value="inf")
+@example(key=("train.heartbeat_timeout_s", "ddp"), value=1e300)
+@example(key=("optim.lr", "ddp"), value="inf")
+@example(key=("observe.monitor_interval_s", "ddp"), value=1e300)
+@example(key=("strategy.bucket_cap_mb", "ddp"), value=1e300)
+def test_any_number_that_passes_validation_can_be_used(key: tuple[str, str], value: Any,
+                                                       store: dist.TCPStore) -> None:
+    dotted, strategy = key
+    try:
+        cfg = load_config(None, {"strategy.name": strategy, dotted: value})
+    except UserError as exc:
+        assert str(exc).strip()
+        return
+    use_as_nodescale_does(cfg, store, timeouts=dotted.endswith("timeout_s"))
