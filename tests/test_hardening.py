@@ -134,3 +134,47 @@ def test_any_number_that_passes_validation_can_be_used(key: tuple[str, str], val
         assert str(exc).strip()
         return
     use_as_nodescale_does(cfg, store, timeouts=dotted.endswith("timeout_s"))
+
+
+# --- YAML that costs without bound ---------------------------------------------------------------
+
+
+def bomb(levels: int) -> str:
+    """The issue's shape: each list holds nine aliases of the one before (9**levels values in ~40 bytes a level)."""
+    lines, previous = ["a: &a [x, x, x, x, x, x, x, x, x]"], "a"
+    for number in range(1, levels):
+        name = f"l{number}"
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{previous}"] * 9) + "]")
+        previous = name
+    return "{" + ", ".join(lines) + "}"
+
+
+@pytest.fixture
+def plugin_dataset(tmp_path: Path) -> str:
+    """A dataset function, so that data.args are valid keys (nothing runs: config show reads the file only)."""
+    (tmp_path / "data_fn.py").write_text("def make(**kwargs):\n    raise NotImplementedError\n")
+    return f"{tmp_path / 'data_fn.py'}:make"
+
+
+@pytest.mark.parametrize(("document", "limit"), [
+    (bomb(8), "expands to more than 100,000 values"),  # the issue's 385 bytes: minutes and gigabytes before
+    (bomb(6), "expands to more than 100,000 values"),  # 531,441 values: small enough to finish without the limit
+    ("&a [1, *a]", "an alias inside the node it names"),
+    ("[" * 101 + "]" * 101, "nested more than 100 levels deep"),
+    ("{a: &a " + "[" * 60 + "]" * 60 + ", b: " + "[" * 50 + "*a" + "]" * 50 + "}", "100 levels deep once its aliases"),
+    ("1" * 5000, "cannot be read"),
+])
+def test_configs_are_read_within_limits(document: str, limit: str, plugin_dataset: str, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data:\n  name: {plugin_dataset}\n  args:\n    big: {document}\n")
+    for argv in (["--config", str(config)], ["--dataset", plugin_dataset, "--set", f"data.args.big={document}"]):
+        code, stdout, stderr = run_main(["config", "show", *argv])
+        assert code == 2 and limit in stderr and "hint:" in stderr, (argv[0], code, stderr[-500:])
+        assert "Traceback" not in stderr and not stdout
+
+
+def test_a_config_file_past_the_size_limit_is_not_read_whole(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("# padding\n" * 200_000)  # 2 MB of comments: valid YAML, and nothing in it
+    code, _, stderr = run_main(["config", "show", "--config", str(config)])
+    assert code == 2 and "is larger than 1024 KiB" in stderr
