@@ -27,6 +27,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+import nodescale
 from nodescale.config.load import load_config
 from nodescale.config.schema import RunConfig
 from nodescale.config.strategy import SECTIONS as STRATEGY_SECTIONS
@@ -178,3 +179,22 @@ def test_a_config_file_past_the_size_limit_is_not_read_whole(tmp_path: Path) -> 
     config.write_text("# padding\n" * 200_000)  # 2 MB of comments: valid YAML, and nothing in it
     code, _, stderr = run_main(["config", "show", "--config", str(config)])
     assert code == 2 and "is larger than 1024 KiB" in stderr
+
+
+# --- backends this machine cannot run ------------------------------------------------------------
+
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="nccl runs here")
+
+
+@needs_no_cuda
+def test_nccl_without_cuda_is_refused_before_any_process_starts(tmp_path: Path) -> None:
+    code, _, stderr = run_main([*TRAIN, "--backend", "nccl", "--out", str(tmp_path / "run")])
+    assert code == 2 and "--backend nccl: NCCL needs a CUDA device" in stderr and "--backend gloo" in stderr
+    assert not (tmp_path / "run").exists()
+
+
+@needs_no_cuda
+def test_nodescale_init_refuses_nccl_without_cuda_before_joining_a_group() -> None:
+    with pytest.raises(UserError, match=r"backend nccl: NCCL needs a CUDA device(.|\n)*hint: .*init\(backend="):
+        nodescale.init(strategy="ddp", backend="nccl")
+    assert not dist.is_initialized()
