@@ -14,6 +14,8 @@ from a real run) and below (torch.distributed.checkpoint's, written here).
 
 from __future__ import annotations
 
+import builtins
+import pickle
 import random
 import threading
 from datetime import timedelta
@@ -33,7 +35,9 @@ from nodescale.config.schema import RunConfig
 from nodescale.config.strategy import SECTIONS as STRATEGY_SECTIONS
 from nodescale.data.sharding import ShardPlan, epoch_seed
 from nodescale.distributed.watchdog import interval_for
+from nodescale.engine import checkpoint_files, manifest
 from nodescale.errors import UserError
+from nodescale.train.export import consolidated_model_state
 from test_hostile_input import few, run_main
 
 # --- values the ranks could not use --------------------------------------------------------------
@@ -198,3 +202,83 @@ def test_nodescale_init_refuses_nccl_without_cuda_before_joining_a_group() -> No
     with pytest.raises(UserError, match=r"backend nccl: NCCL needs a CUDA device(.|\n)*hint: .*init\(backend="):
         nodescale.init(strategy="ddp", backend="nccl")
     assert not dist.is_initialized()
+
+
+# --- checkpoints from elsewhere ------------------------------------------------------------------
+
+
+class Payload:
+    """Unpickled, it creates ``marker``: proof that loading ran code from the file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return builtins.open, (self.marker, "w")
+
+
+def dcp_checkpoint(path: Path, model: dict[str, Any]) -> Path:
+    """A sharded nodescale checkpoint in torch.distributed.checkpoint's layout, with its manifest."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": model}, storage_writer=dcp.FileSystemWriter(path), no_dist=True)
+    torch.save({"format": checkpoint_files.FORMAT, "layout": "torch-dcp", "world_size": 2, "batch_size": 4,
+                "position": {"global_step": 4, "epoch": 0, "batch_in_epoch": 4}, "config": {}},
+               path / checkpoint_files.TRAINER_FILE)
+    return seal(path)
+
+
+def seal(path: Path) -> Path:
+    """A manifest that matches the directory's files now: a crafted checkpoint comes with one."""
+    names = sorted(str(f.relative_to(path)) for f in path.rglob("*") if f.is_file() and f.name != "manifest.json")
+    manifest.write(path / manifest.DIRECTORY_MANIFEST, manifest.describe_files(path, names))
+    return path
+
+
+@pytest.mark.parametrize("where", ["metadata", "byte item"])
+def test_a_crafted_dcp_checkpoint_runs_no_code_on_export_or_info(where: str, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    model: dict[str, Any] = {"w": torch.arange(4.0)}
+    if where == "byte item":
+        model["extra"] = Payload(marker)  # saved as a pickled item; torch's planner loads them weights_only=False
+    path = dcp_checkpoint(tmp_path / "step-00000004", model)
+    assert not marker.exists()
+    if where == "metadata":
+        metadata = pickle.loads((path / ".metadata").read_bytes())
+        metadata.planner_data = Payload(marker)
+        (path / ".metadata").write_bytes(pickle.dumps(metadata))
+        seal(path)
+    for argv in (["export", str(path), "--out", str(tmp_path / "w.pt")], ["info", str(path), "--json"]):
+        code, _, stderr = run_main(["checkpoint", *argv])
+        assert not marker.exists(), f"checkpoint {argv[0]} ran code from the checkpoint"
+        if argv[0] == "info" and where == "byte item":
+            assert code == 0, stderr  # info reads the metadata only
+            continue
+        assert code == 2 and "holds an object of io.open, which a weights-only load refuses" in stderr, stderr
+        assert "--trust-checkpoint" in stderr and "Traceback" not in stderr
+
+
+def test_a_genuine_dcp_checkpoint_exports_its_values_trusted_or_not(tmp_path: Path) -> None:
+    path = dcp_checkpoint(tmp_path / "step-00000004", {"w": torch.arange(4.0), "note": {"steps": 4}})
+    for trust in (False, True):
+        state = consolidated_model_state(path, trust)
+        assert torch.equal(state["w"], torch.arange(4.0)) and state["note"] == {"steps": 4}
+    path = dcp_checkpoint(tmp_path / "step-00000008", {"w": torch.arange(4.0)})
+    code, _, stderr = run_main(["checkpoint", "export", str(path), "--out", str(tmp_path / "w.pt")])
+    assert code == 0 and torch.equal(torch.load(tmp_path / "w.pt", weights_only=True)["w"], torch.arange(4.0))
+
+
+def test_a_directory_where_the_checkpoint_file_goes_is_named(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints" / "step-00000004.pt").mkdir(parents=True)
+    with pytest.raises(UserError, match=r"step-00000004.pt: is a directory, where nodescale writes a file"):
+        checkpoint_files.save(tmp_path, 4, {"model": {}}, keep_last=2)
+
+
+def test_a_file_where_a_checkpoint_directory_goes_is_named(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "step-00000004").write_text("not a checkpoint")
+    with pytest.raises(UserError, match=r"step-00000004: is a file, where nodescale writes a checkpoint directory"):
+        checkpoint_files.begin_sharded(tmp_path, 4)
+    (tmp_path / "elsewhere").write_text("")
+    with pytest.raises(UserError, match=r"elsewhere: is a file, where nodescale writes a directory"):
+        checkpoint_files.save(tmp_path / "elsewhere" / "run", 4, {"model": {}}, keep_last=2)
