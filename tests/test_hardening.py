@@ -15,8 +15,10 @@ from a real run) and below (torch.distributed.checkpoint's, written here).
 from __future__ import annotations
 
 import builtins
+import os
 import pickle
 import random
+import stat
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -282,3 +284,44 @@ def test_a_file_where_a_checkpoint_directory_goes_is_named(tmp_path: Path) -> No
     (tmp_path / "elsewhere").write_text("")
     with pytest.raises(UserError, match=r"elsewhere: is a file, where nodescale writes a directory"):
         checkpoint_files.save(tmp_path / "elsewhere" / "run", 4, {"model": {}}, keep_last=2)
+
+
+# --- permissions: one rule for every scheduler ---------------------------------------------------
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def open_umask() -> Any:
+    """The common umask 022, under which a plain mkdir or open gives 0755 and 0644."""
+    before = os.umask(0o022)
+    yield
+    os.umask(before)
+
+
+def test_a_local_job_directory_and_its_log_have_the_batch_schedulers_modes(tmp_path: Path, open_umask: None) -> None:
+    from nodescale.launch.schedulers.local_launcher import launch_local
+
+    assert launch_local(["true"], 2, log_dir=tmp_path / "jobs") == 0
+    assert (mode(tmp_path / "jobs"), mode(tmp_path / "jobs" / "ranks.log")) == (0o750, 0o640)
+    (tmp_path / "jobs" / "ranks.log").chmod(0o666)  # an older launch's log loses what the rule does not give
+    assert launch_local(["true"], 2, log_dir=tmp_path / "jobs") == 0
+    assert mode(tmp_path / "jobs" / "ranks.log") == 0o640
+
+
+def test_a_slurm_job_directory_and_its_script_have_the_same_modes(
+        tmp_path: Path, open_umask: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, body in {"sbatch": "echo 4242", "sinfo": "true", "scontrol": "true", "squeue": "true"}.items():
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stubs}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the job registry
+    code, stdout, stderr = run_main(["launch", "--scheduler", "slurm", "--job-dir", str(tmp_path / "jobs"), "--",
+                                     "true"])
+    assert code == 0 and "submitted slurm job 4242" in stdout, stderr
+    (script,) = (tmp_path / "jobs").glob("*.sh")
+    assert (mode(tmp_path / "jobs"), mode(script)) == (0o750, 0o750)
