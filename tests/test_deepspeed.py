@@ -18,7 +18,9 @@ import torch
 import yaml
 
 from conftest import cli_env, final_weights, free_port, max_difference, read_summary, run_cli
+from nodescale.strategies.deepspeed import TAG, import_deepspeed
 from test_fsdp import BF16_MODELS, plain_model
+from test_hardening import Payload, seal
 
 pytestmark = pytest.mark.multiproc
 pytest_plugins = ["shared_runs"]  # ddp_references: the DDP runs ZeRO must match, shared with test_fsdp.py
@@ -140,6 +142,34 @@ def test_an_exported_zero_checkpoint_loads_into_the_plain_model(saved_run: Path,
     plain_model(config).load_state_dict(state)  # strict: every parameter and BatchNorm buffer
     info = json.loads(run_cli(["checkpoint", "info", str(saved_run), "--json"], cwd=tmp_path).stdout)
     assert info["layout"] == "deepspeed" and info["step"] == 8 and info["world_size"] == 2
+    # The same values as DeepSpeed's own consolidation, which unpickles its files (a checkpoint of our own here).
+    import_deepspeed("cpu")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    reference = get_fp32_state_dict_from_zero_checkpoint(str(saved_run / "checkpoints" / "step-00000008"), tag=TAG)
+    assert state.keys() == reference.keys() and all(torch.equal(state[k], reference[k]) for k in state)
+
+
+@pytest.mark.parametrize("victim", ["zero_pp_rank_1_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt",
+                                    "stage 0"])
+def test_a_crafted_deepspeed_checkpoint_runs_no_code_on_export(saved_run: Path, tmp_path: Path, victim: str) -> None:
+    """A checkpoint from elsewhere whose DeepSpeed file creates a file when unpickled, with a manifest to match."""
+    checkpoint = tmp_path / "step-00000008"
+    shutil.copytree(saved_run / "checkpoints" / "step-00000008", checkpoint)
+    files = checkpoint / TAG
+    if victim == "stage 0":  # no partitions: nodescale reads rank 0's model states itself
+        for partition in files.glob("zero_pp_rank_*_optim_states.pt"):
+            partition.unlink()
+        victim = "mp_rank_00_model_states.pt"
+    marker = tmp_path / "pwned"
+    state = torch.load(files / victim, weights_only=False)  # written by our own run above
+    torch.save({**state, "payload": Payload(marker)}, files / victim)
+    seal(checkpoint)
+    result = run_cli(["checkpoint", "export", str(checkpoint), "--out", "model.pt"], cwd=tmp_path, check=False)
+    assert not marker.exists(), "checkpoint export ran code from the checkpoint"
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"checkpoint file {files / victim}: holds an object of io.open" in result.stderr
+    assert "--trust-checkpoint" in result.stderr and not (tmp_path / "model.pt").exists()
 
 
 def test_mpiexec_starts_deepspeed_ranks(equivalence_runs: dict[str, Path]) -> None:

@@ -241,6 +241,21 @@ def test_sample_without_a_label_names_the_file_and_the_key(tmp_path: Path) -> No
         load(tmp_path / "d")
 
 
+@pytest.mark.parametrize("member", ["k2.cls", "k2.json"])
+def test_a_label_past_64_bits_names_the_sample_and_the_rule(tmp_path: Path, member: str) -> None:
+    """A 23-digit class passed the index and then stopped the ranks with OverflowError (issue 36)."""
+    (tmp_path / "d").mkdir()
+    label = "1" + "0" * 22
+    with tarfile.open(tmp_path / "d" / "train-000000.tar", "w") as tar:
+        add(tar, "k1.npy", _npy(np.zeros((1, 4, 4), np.uint8)))
+        add(tar, "k1.cls", b"0")
+        add(tar, "k2.npy", _npy(np.zeros((1, 4, 4), np.uint8)))
+        add(tar, member, label.encode() if member.endswith(".cls") else json.dumps({"cls": int(label)}).encode())
+    with pytest.raises(UserError, match=rf"train-000000.tar, sample k2: has an unreadable label in {member} "
+                                        rf"\({label} does not fit in 64 bits"):
+        load(tmp_path / "d")
+
+
 def test_any_tar_names_and_json_labels_with_validation_held_out_by_the_seed(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     for number in range(2):

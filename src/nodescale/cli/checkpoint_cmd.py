@@ -26,11 +26,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--format", choices=("pt", "hf"), default="pt",
                         help="pt: one torch.save file of the state dict (default); hf: config.json + "
                         "model.safetensors, for hf:DIR models (and built-ins with a Hugging Face twin)")
+    _add_trust_flag(export)
     export.set_defaults(handler=run_export)
     info = actions.add_parser("info", help="show what a checkpoint holds")
     info.add_argument("path", type=Path, metavar="RUN_DIR|CHECKPOINT")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_trust_flag(info)
     info.set_defaults(handler=run_info)
+
+
+def _add_trust_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trust-checkpoint", action="store_true",
+                        help="load sharded files with their libraries' own loaders, which may run code a file holds "
+                        "(by default only tensors and plain data are loaded, and anything else is refused)")
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -43,11 +51,11 @@ def run_export(args: argparse.Namespace) -> int:
     if args.format == "hf":
         from nodescale.train.hf_export import export_hf
 
-        model = export_hf(source, args.out)
+        model = export_hf(source, args.out, args.trust_checkpoint)
         values = sum(parameter.numel() for parameter in model.parameters())
         print(f"nodescale: wrote {type(model).__name__} ({values:,} parameters) from {source} to {args.out}/")
         return 0
-    state = consolidated_model_state(source)
+    state = consolidated_model_state(source, args.trust_checkpoint)
     if args.out.parent != Path():
         args.out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out, lambda handle: torch.save(state, handle))
@@ -63,7 +71,7 @@ def run_info(args: argparse.Namespace) -> int:
     from nodescale.train.export import describe, integrity, resolve
 
     path = resolve(args.path, verified=False)  # a damaged checkpoint is worth inspecting too
-    info = {**describe(path), "integrity": integrity(path)}
+    info = {**describe(path, args.trust_checkpoint), "integrity": integrity(path)}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

@@ -103,6 +103,11 @@ def _run_here(cfg: RunConfig) -> int:
     if cfg.strategy.name == "deepspeed":
         _check_deepspeed_config(cfg, nproc)
     _check_offload_has_an_accelerator(cfg)
+    if cfg.strategy.multi_process:
+        from nodescale.distributed.accelerators import check_backend
+
+        check_backend(cfg.strategy.backend, "--backend",
+                      "leave --backend at auto (nccl on CUDA devices, gloo elsewhere), or use --backend gloo")
     restarts = cfg.checkpoint.max_restarts
     if nproc == 1 and not restarts:  # restarts need a process to restart: one worker under the launcher
         from nodescale.train.run import run_training

@@ -14,10 +14,15 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from nodescale import bounded_yaml
 from nodescale.config.schema import RunConfig
 from nodescale.config.strategy import SECTIONS, error_key
 from nodescale.errors import UserError, did_you_mean
 from nodescale.plugins.refs import absolute_ref
+
+_LIMIT_HINT = (f"a configuration is at most {bounded_yaml.MAX_BYTES // 1024} KiB, {bounded_yaml.MAX_VALUES:,} values "
+               f"and {bounded_yaml.MAX_DEPTH} levels, aliases expanded; write the values out, or pass large "
+               "inputs as files your function reads")
 
 
 def load_config(
@@ -43,20 +48,21 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise UserError(f"config file {str(path)!r}", "does not exist or is not a file",
                         "check the path given to --config")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = bounded_yaml.read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"config file {str(path)!r}", f"cannot be read as UTF-8 text ({exc})",
                         "check the path given to --config; it must be a YAML text file") from None
+    except bounded_yaml.LimitError as exc:
+        raise UserError(f"config file {str(path)!r}", str(exc), _LIMIT_HINT) from None
     try:
-        loaded = yaml.safe_load(text)
+        loaded = bounded_yaml.load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise UserError(f"config file {str(path)!r}", f"is not valid YAML{where}",
                         "fix the syntax; `nodescale config show` prints a valid file") from None
-    except RecursionError:  # PyYAML recurses once per level of nesting
-        raise UserError(f"config file {str(path)!r}", "is nested too deeply to read",
-                        "a configuration has two levels: sections and their keys") from None
+    except bounded_yaml.LimitError as exc:
+        raise UserError(f"config file {str(path)!r}", str(exc), _LIMIT_HINT) from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -71,9 +77,11 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     if not sep or not key.strip():
         raise UserError(f"--set {text!r}", "must look like KEY=VALUE", "e.g. --set optim.weight_decay=0.05")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except (yaml.YAMLError, RecursionError):  # not YAML (or nested past PyYAML's recursion): the text itself
+        value = bounded_yaml.load(raw) if raw.strip() else None
+    except yaml.YAMLError:  # not YAML: the text itself
         value = raw
+    except bounded_yaml.LimitError as exc:
+        raise UserError(f"--set {key.strip()}=...", f"its value {exc}", _LIMIT_HINT) from None
     return key.strip(), value
 
 

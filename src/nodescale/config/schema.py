@@ -22,7 +22,7 @@ from nodescale.data.registry import DATASETS
 from nodescale.data.section import DataSection
 from nodescale.errors import UserError, unknown_choice
 from nodescale.models.section import ModelSection
-from nodescale.section import Section, known_or_plugin
+from nodescale.section import MAX_SECONDS, Section, known_or_plugin
 
 LOSSES = ("auto", "cross_entropy", "mse")
 
@@ -42,7 +42,8 @@ class TrainSection(Section):
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps")
     batch_size: int = Field(32, ge=1, description="samples per process per micro-batch")
     grad_accum: int = Field(1, ge=1, description="micro-batches accumulated per optimiser step")
-    seed: int = Field(0, ge=0, description="seed of weights, data order and splits (same on every rank)")
+    seed: int = Field(0, ge=0, le=2**64 - 1, description="seed of weights, data order and splits (same on every "
+                      "rank; torch takes 0 to 2**64-1)")
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast precision")
     compile: bool = Field(False, description="torch.compile the model")
     channels_last: bool = Field(False, description="channels_last memory format for image models")
@@ -72,9 +73,17 @@ class TrainSection(Section):
         "save a checkpoint and exit for requeue (comma-separated; 'none': keep the signals' default actions)"
     )
     heartbeat_timeout_s: float = Field(
-        300.0, ge=0, description="fail the job when a rank makes no progress for this many seconds, naming it "
-        "(0: no heartbeat watchdog)"
+        300.0, ge=0, le=MAX_SECONDS, description="fail the job when a rank makes no progress for this many seconds, "
+        "naming it (0: no heartbeat watchdog)"
     )
+
+    @field_validator("heartbeat_timeout_s")
+    @classmethod
+    def _off_or_a_second(cls, value: float) -> float:
+        # The watchdog's store client must connect within it, and it beats every fifth of it (at most each 0.2 s).
+        if 0 < value < 1:
+            raise ValueError("must be 0 (no watchdog) or at least 1 second")
+        return value
 
     @field_validator("loss")
     @classmethod
@@ -139,7 +148,7 @@ class ObserveSection(Section):
         False, description="sample CPU, memory and GPU utilisation, memory, temperature and power on one process "
         "per node into RUN/monitor/node-N.csv"
     )
-    monitor_interval_s: float = Field(5.0, ge=0.1, description="seconds between monitor samples")
+    monitor_interval_s: float = Field(5.0, ge=0.1, le=MAX_SECONDS, description="seconds between monitor samples")
     profile: str | None = Field(
         None, description="START:COUNT: profile optimiser steps START..START+COUNT-1 with the PyTorch profiler; "
         "a trace per rank and an operator table in RUN/profile"

@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from nodescale.errors import UserError, unknown_choice
-from nodescale.section import Section
+from nodescale.section import MAX_SECONDS, Section
 
 _SYNC_BATCHNORM = "synchronise BatchNorm statistics across ranks"
 
@@ -38,7 +38,8 @@ class _Strategy(Section):
         "auto", description="local processes to start; auto: one per GPU, or 2 on a CPU-only machine"
     )
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="collective backend; auto: nccl on CUDA")
-    timeout_s: float = Field(600.0, gt=0, description="collective timeout in seconds")
+    # At least a second: torch's store must connect within it before the first collective.
+    timeout_s: float = Field(600.0, ge=1, le=MAX_SECONDS, description="collective timeout in seconds")
     fsdp_units: list[str] = Field(
         default_factory=list, description="class names of the modules that become FSDP units and activation "
         "checkpointing blocks (comma-separated); default: the model's own (see docs/training.md)"
@@ -93,7 +94,8 @@ class DDPSection(_Strategy):
     name: Literal["ddp"] = _name("ddp")
     sync_batchnorm: bool = Field(False, title="--sync-batchnorm", description=_SYNC_BATCHNORM)
     bucket_cap_mb: float | None = Field(
-        None, gt=0, description="DDP gradient bucket size in MB; default: DDP's own (a small first bucket, then 25)"
+        None, gt=0, le=2**20, description="DDP gradient bucket size in MB; default: DDP's own (a small first "
+        "bucket, then 25)"
     )
     static_graph: bool = Field(False, description="DDP static_graph (the same parameters used every step)")
     gradient_as_bucket_view: bool = Field(True, description="DDP gradients as views into buckets (saves memory)")

@@ -42,6 +42,12 @@ class Batch:
     real_count: int  # real samples of this rank in this step
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of ``epoch``'s order: ``seed + epoch``, wrapped into the 64 bits torch's generators take
+    (the largest seed, 2**64-1, goes on at 0 in epoch 1)."""
+    return (seed + epoch) % 2**64
+
+
 @dataclass(frozen=True)
 class ShardPlan:
     """The batches of one rank for any epoch, computed without communication."""
@@ -86,7 +92,7 @@ class ShardPlan:
         """The epoch's global order of sample indices, before padding (without ``groups``)."""
         if not self.shuffle:
             return torch.arange(self.num_samples)
-        generator = torch.Generator().manual_seed(self.seed + epoch)
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
         return torch.randperm(self.num_samples, generator=generator)
 
     def padded(self, epoch: int) -> torch.Tensor:
@@ -105,11 +111,11 @@ class ShardPlan:
         starts = [0, *itertools.accumulate(self.groups)][:-1]
         runs = [torch.arange(start, start + length) for start, length in zip(starts, self.groups, strict=True)]
         if self.shuffle:  # which runs a rank reads: from the seed alone, the same every epoch
-            fixed = torch.Generator().manual_seed(self.seed)
+            fixed = torch.Generator().manual_seed(epoch_seed(self.seed, 0))
             runs = [runs[i] for i in torch.randperm(len(runs), generator=fixed).tolist()]
         stored = torch.cat(runs)
         run_of = torch.repeat_interleave(torch.arange(len(self.groups)), torch.tensor(self.groups))
-        generator = torch.Generator().manual_seed(self.seed + epoch)
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
         rows = torch.empty(self.world_size, self.shard_size, dtype=torch.int64)
         quotient, remainder = divmod(self.num_samples, self.world_size)
         begin = 0

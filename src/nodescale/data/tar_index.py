@@ -54,11 +54,14 @@ def split_name(name: str) -> tuple[str, str]:
 def _label(ext: str, data: bytes, path: str, key: str) -> int:
     try:
         if ext == "cls":
-            return int(data.decode().strip())
-        value = json.loads(data)
-        label = value.get("cls", value.get("label")) if isinstance(value, dict) else None
-        if isinstance(label, bool) or not isinstance(label, int):
-            raise ValueError("no integer 'cls' or 'label' field")
+            label = int(data.decode().strip())
+        else:
+            value = json.loads(data)
+            label = value.get("cls", value.get("label")) if isinstance(value, dict) else None
+            if isinstance(label, bool) or not isinstance(label, int):
+                raise ValueError("no integer 'cls' or 'label' field")
+        if not -(2**63) <= label < 2**63:  # labels become an int64 column (negatives are refused with the rest)
+            raise ValueError(f"{label} does not fit in 64 bits; a class is a number from 0")
         return label
     except (ValueError, UnicodeDecodeError) as err:
         raise UserError(f"shard {path}, sample {key}", f"has an unreadable label in {key}.{ext} ({err})",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from nodescale.errors import UserError
+
 # What the NVIDIA and AMD (ROCm) kernel drivers create on Linux.
 DRIVER_PATHS = (Path("/proc/driver/nvidia"), Path("/dev/kfd"))
 
@@ -34,3 +36,28 @@ def visible_gpus() -> int:
 def default_local_processes() -> int:
     """``--nproc auto``: one process per GPU, or 2 on a machine without GPUs."""
     return visible_gpus() or 2
+
+
+def check_backend(backend: str, what: str, hint: str, device_type: str | None = None) -> None:
+    """A ``UserError`` when ``backend`` cannot run here: nccl without a CUDA device (on this machine,
+    or for a rank placed on ``device_type``). ``what`` names the setting (``--backend``), ``hint`` its fix.
+
+    Checked before processes start: each rank would otherwise fail inside torch, with a traceback.
+    """
+    if backend != "nccl":
+        return  # gloo runs wherever torch.distributed does; auto picks what the device runs
+    problem = None
+    if device_type is None and not gpu_driver_present():
+        problem = "no NVIDIA or AMD GPU driver is loaded on this machine"
+    else:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_nccl_available():
+            problem = f"this torch ({torch.__version__}) is built without NCCL"
+        elif device_type is None and not torch.cuda.is_available():
+            problem = "torch sees no CUDA device here"
+        elif device_type not in (None, "cuda"):
+            problem = f"this rank runs on the {device_type}"
+    if problem is not None:
+        raise UserError(f"{what} nccl", f"NCCL needs a CUDA device, and {problem}", hint)

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from nodescale.distributed import cpu_binding
+from nodescale.distributed.accelerators import check_backend
 from nodescale.distributed.env import DistEnv
 from nodescale.distributed.ports import listening_socket
 
@@ -120,6 +121,9 @@ def start(env: DistEnv, backend: str = "auto", timeout_s: float = 600.0, group: 
     if dist.is_initialized():  # the user's script (or a test) set it up already
         return Runtime(env, device, dist.get_backend(), owns_group=False, timeout_s=timeout_s,
                        tensor_parallel=tensor_parallel)
+    # nodescale.init and ranks started by torchrun or srun come here first; `nodescale train` checked already.
+    check_backend(name, "backend", "use the backend auto (nccl on CUDA devices, gloo elsewhere) or gloo: "
+                  "--backend, or nodescale.init(backend=...)", device.type)
     timeout = timedelta(seconds=timeout_s)
     if env.world_size == 1:
         # An in-process store: a one-rank group needs no port, so none can clash.

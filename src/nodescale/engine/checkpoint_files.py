@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from nodescale.atomic_files import write_atomic
+from nodescale.atomic_files import in_the_way, make_directory, write_atomic
 from nodescale.engine import manifest
 from nodescale.errors import UserError
 
@@ -101,6 +101,7 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 def save(run_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
     """Write ``state`` as the checkpoint file of ``step``, then its manifest; keep the newest ``keep_last``."""
     path = checkpoint_path(run_dir, step)
+    make_directory(path.parent)
     _manifest_of(path).unlink(missing_ok=True)  # a same-step save of a resumed run: never a stale one
     write_atomic(path, lambda handle: torch.save({"format": FORMAT, **state}, handle))
     # Read back from the page cache: the checksum is of what the file system holds.
@@ -118,7 +119,11 @@ def begin_sharded(run_dir: Path, step: int) -> Path:
     """Rank 0, before the writers start: an empty partial directory for ``step``."""
     partial = partial_dir(run_dir, step)
     shutil.rmtree(partial, ignore_errors=True)  # left by a run that died while saving
-    partial.mkdir(parents=True)
+    final = sharded_checkpoint_path(run_dir, step)
+    for path in (partial, final):  # before any rank writes a shard
+        if path.exists() and not path.is_dir():
+            raise in_the_way(path, "a file", "a checkpoint directory")
+    make_directory(partial)
     return partial
 
 

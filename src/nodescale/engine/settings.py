@@ -61,7 +61,7 @@ def run_config(world_size: int, out: str | Path | None, options: dict[str, Any])
         if isinstance(inner, UserError):
             raise inner from None
         name = next((n for n, key in _KEYS.items() if ".".join(key) == where), where)
-        raise UserError(f"nodescale.init({name}={first.get('input')!r})", first["msg"],
+        raise UserError(f"nodescale.init({name}={first.get('input')!r})", first["msg"].removeprefix("Value error, "),
                         "see docs/library.md for the options and their values") from None
 
 

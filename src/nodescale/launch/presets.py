@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import ValidationError
 
+from nodescale import bounded_yaml
 from nodescale.errors import UserError, did_you_mean
 from nodescale.launch.checks import walltime_seconds
 from nodescale.launch.envcheck import check_env
@@ -94,7 +95,11 @@ def _load_builtin(name: str) -> Preset:
 
 def _load_user(path: Path, name: str) -> Preset:
     where = f"preset file {str(path)!r}"
-    tree = _parse(path.read_text(encoding="utf-8"), where)
+    try:
+        text = bounded_yaml.read_text(path)
+    except bounded_yaml.LimitError as exc:
+        raise UserError(where, str(exc), "a preset is a short mapping of keys") from None
+    tree = _parse(text, where)
     base_name = tree.pop(EXTENDS, None)
     if base_name is not None:
         if not isinstance(base_name, str) or base_name not in builtin_presets():
@@ -122,13 +127,15 @@ def _extend(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 def _parse(text: str, where: str) -> dict[str, Any]:
     try:
-        loaded = yaml.safe_load(text)
+        loaded = bounded_yaml.load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None)
         raise UserError(where, f"is not valid YAML{at}" + (f" ({problem})" if problem else ""),
                         "check the indentation and quote values containing ':' or '#'") from None
+    except bounded_yaml.LimitError as exc:
+        raise UserError(where, str(exc), "a preset is a short mapping of keys; write its values out") from None
     if loaded is None:
         loaded = {}
     if not isinstance(loaded, dict):

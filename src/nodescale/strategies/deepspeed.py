@@ -10,13 +10,12 @@ the fp32 master copy under bf16/fp16, and clips.
 Checkpoints are DeepSpeed's own (every rank writes its partition) with
 nodescale's trainer state beside them. ZeRO 1-3 checkpoints resume only on the
 world size that wrote them (DeepSpeed cannot repartition optimiser state);
-``nodescale checkpoint export`` consolidates them into one plain state dict.
+``nodescale checkpoint export`` consolidates them into one plain state dict
+(:mod:`nodescale.strategies.deepspeed_export`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
 import re
@@ -196,17 +195,3 @@ def partitions(directory: Path) -> int:
     """How many ranks wrote the ZeRO optimiser partitions in ``directory`` (0: stage 0, not partitioned)."""
     tagged = directory / TAG
     return sum(1 for f in tagged.iterdir() if _PARTITION.match(f.name)) if tagged.is_dir() else 0
-
-
-def consolidated_state(directory: Path) -> dict[str, torch.Tensor]:
-    """The whole fp32 model state of a nodescale DeepSpeed checkpoint, without a process group."""
-    tagged = directory / TAG
-    if partitions(directory):
-        import_deepspeed("cpu" if not torch.cuda.is_available() else "cuda")
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        with contextlib.redirect_stdout(io.StringIO()):  # its progress lines would mix with the CLI's output
-            return dict(get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=TAG))
-    # Stage 0 keeps the whole module in rank 0's model-states file.
-    state = torch.load(tagged / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
-    return {name: tensor.float() if tensor.is_floating_point() else tensor for name, tensor in state["module"].items()}

@@ -3,7 +3,8 @@
 ``consolidated_model_state`` turns a full file, a torch.distributed.checkpoint
 directory (FSDP) or a DeepSpeed ZeRO directory into one plain ``state_dict``
 that ``model.load_state_dict`` accepts, for inference or fine-tuning elsewhere.
-``describe`` says what a checkpoint holds.
+``describe`` says what a checkpoint holds. Both run no code from the files unless asked to trust
+them (:mod:`nodescale.untrusted_files`): a checkpoint to export may come from anyone.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from nodescale.engine import checkpoint_files
 from nodescale.errors import UserError
+from nodescale.untrusted_files import dcp_model_planner, dcp_reader, load_weights
 
 
 def resolve(path: Path, verified: bool = True) -> Path:
@@ -69,47 +71,52 @@ def _is_checkpoint(path: Path) -> bool:
 def read_trainer_state(path: Path) -> dict[str, Any]:
     """Everything but model and optimiser of checkpoint ``path`` (a full file: all of it)."""
     target = path / checkpoint_files.TRAINER_FILE if checkpoint_files.is_sharded(path) else path
-    try:
-        state = torch.load(target, map_location="cpu", weights_only=True)
-    except Exception as exc:  # any unreadable file: say which and why
-        raise UserError(f"checkpoint {target}", f"does not load ({type(exc).__name__}: {exc})",
-                        "pick an older checkpoint of the run") from None
+    state = load_weights(target)  # what nodescale writes loads weights-only: trust or not
     if not isinstance(state, dict) or state.get("format") != checkpoint_files.FORMAT:
         raise UserError(f"checkpoint {target}", f"is not a {checkpoint_files.FORMAT} file",
                         "pass a checkpoint written by nodescale train")
     return state
 
 
-def consolidated_model_state(path: Path) -> dict[str, torch.Tensor]:
-    """The whole model state dict of checkpoint ``path``, on the CPU, in fp32 where it was trained in it."""
+def consolidated_model_state(path: Path, trust: bool = False) -> dict[str, torch.Tensor]:
+    """The whole model state dict of checkpoint ``path``, on the CPU, in fp32 where it was trained in it.
+
+    ``trust``: the libraries' own loaders read sharded files (they may run code held in them).
+    """
     state = read_trainer_state(path)
     if "model" in state:
         return dict(state["model"])
     layout = state.get("layout")
     if layout == "torch-dcp":
-        return _dcp_model_state(path)
+        return _dcp_model_state(path, trust)
     if layout == "deepspeed":
-        from nodescale.strategies.deepspeed import consolidated_state  # imports deepspeed: only here
+        from nodescale.strategies.deepspeed_export import consolidated_state  # imports deepspeed: only here
 
-        return consolidated_state(path)
+        return consolidated_state(path, trust)
     raise UserError(f"checkpoint {path}", f"has an unknown layout {layout!r}",
                     "export it with the nodescale version that wrote it")
 
 
-def _dcp_model_state(directory: Path) -> dict[str, torch.Tensor]:
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+def _dcp_model_state(directory: Path, trust: bool) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     # The documented dcp_to_torch_save path, restricted to the model's entries: no process
     # group, and the optimiser state (twice the model for Adam) is never read.
     loaded: dict[str, Any] = {}
-    _load_state_dict(loaded, storage_reader=FileSystemReader(directory),
-                     planner=_EmptyStateDictLoadPlanner(keys={"model"}), no_dist=True)
+    reader = dcp_reader(directory, trust)
+    reader.read_metadata()  # a refusal as nodescale's own error: torch's loader would bury it in a fallback's
+    try:
+        _load_state_dict(loaded, storage_reader=reader, planner=dcp_model_planner(directory, trust), no_dist=True)
+    except CheckpointException as exc:  # torch wraps what the planner raised: a refusal is the user's to read
+        refusals = [error for error, _ in exc.failures.values() if isinstance(error, UserError)]
+        if refusals:
+            raise refusals[0] from None
+        raise
     return dict(loaded["model"])
 
 
-def describe(path: Path) -> dict[str, Any]:
+def describe(path: Path, trust: bool = False) -> dict[str, Any]:
     """What checkpoint ``path`` holds, as plain data (for ``nodescale checkpoint info``)."""
     state = read_trainer_state(path)
     config = state.get("config", {})
@@ -134,9 +141,7 @@ def describe(path: Path) -> dict[str, Any]:
     if "model" in state:
         info["model_values"] = sum(t.numel() for t in state["model"].values())
     elif state.get("layout") == "torch-dcp":
-        from torch.distributed.checkpoint import FileSystemReader
-
-        entries = FileSystemReader(path).read_metadata().state_dict_metadata
+        entries = dcp_reader(path, trust).read_metadata().state_dict_metadata
         info["model_values"] = sum(
             math.prod(meta.size) for key, meta in entries.items() if key.startswith("model.") and hasattr(meta, "size")
         )

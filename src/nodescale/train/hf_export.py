@@ -36,15 +36,16 @@ def exportable_models() -> str:
     return ", ".join(["hf:DIR models", *sorted(GPT2_EXPORTS)])
 
 
-def export_hf(source: Path, out: Path) -> nn.Module:
-    """Write checkpoint ``source``'s model into the new directory ``out``; returns the model written."""
+def export_hf(source: Path, out: Path, trust: bool = False) -> nn.Module:
+    """Write checkpoint ``source``'s model into the new directory ``out``; returns the model written
+    (``trust``: as for :func:`~nodescale.train.export.consolidated_model_state`)."""
     name = str(read_trainer_state(source).get("config", {}).get("model", {}).get("name"))
     if not is_hf_model(name) and name not in GPT2_EXPORTS:
         raise UserError(f"--format hf for model {name!r}", "has no Hugging Face equivalent; "
                         f"these export: {exportable_models()}",
                         "export its state dict instead: nodescale checkpoint export RUN --out model.pt")
     _check_out(out)
-    state = consolidated_model_state(source)
+    state = consolidated_model_state(source, trust)
     model = _hf_model_of(name, state)
     temporary = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(temporary, ignore_errors=True)

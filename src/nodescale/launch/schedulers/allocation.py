@@ -25,6 +25,7 @@ from pathlib import Path
 from nodescale.distributed.hostlist import expand_hostlist, read_nodefile
 from nodescale.errors import UserError
 from nodescale.launch.checks import check_job
+from nodescale.launch.job_files import make_job_dir
 from nodescale.launch.partition_fit import Node, Partition, fit_job
 from nodescale.launch.schedulers.base import DryRun, Scheduler
 from nodescale.launch.schedulers.batch import BatchScheduler, new_script_file
@@ -112,7 +113,7 @@ class AllocationStep(Scheduler):
     def script_file(self, dryrun: DryRun) -> Path:
         """The step's script, written to a file of its own in the job directory."""
         assert dryrun.script is not None, "a step's dry run holds its script"
-        dryrun.spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        make_job_dir(dryrun.spec.job_dir)
         return new_script_file(dryrun.spec.job_dir, Path(dryrun.argv[-1]).stem, dryrun.script)
 
     def submit(self, dryrun: DryRun) -> int:

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 from nodescale.errors import UserError
 from nodescale.launch.checks import check_job
+from nodescale.launch.job_files import create_script, make_job_dir
 from nodescale.launch.job_log import JobRecord, record
 from nodescale.launch.partition_fit import Partition, Unreachable, fit_job
 from nodescale.launch.schedulers.base import DryRun, Scheduler, run_scheduler_command
@@ -93,7 +94,7 @@ class BatchScheduler(Scheduler):
         whose ``log`` has ``{index}`` where an array member's index goes."""
         spec, path = dryrun.spec, Path(dryrun.argv[-1])
         assert dryrun.script is not None, "a batch dry run holds its script"
-        spec.job_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        make_job_dir(spec.job_dir)
         script_path = new_script_file(spec.job_dir, path.stem, dryrun.script)
         argv = [*dryrun.argv[:-1], str(script_path)]
         try:
@@ -128,7 +129,7 @@ def new_script_file(job_dir: Path, stem: str, script: str) -> Path:
     for attempt in range(1000):
         path = job_dir / (f"{stem}.sh" if attempt == 0 else f"{stem}-{attempt}.sh")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o750)
+            fd = create_script(path)
         except FileExistsError:
             continue
         with os.fdopen(fd, "w") as handle:

@@ -21,6 +21,9 @@ from contextlib import suppress
 from pathlib import Path
 from typing import IO
 
+from nodescale.launch.job_files import make_job_dir
+from nodescale.launch.job_files import open_log as open_job_log
+
 LOG_NAME = "ranks.log"
 # Set for the ranks when the launcher's stdout is a terminal: its width, for rank 0's progress bar.
 TERMINAL_VARIABLE = "NODESCALE_TERMINAL_COLUMNS"
@@ -110,8 +113,8 @@ class RankOutput:
 
 def open_log(directory: Path, nproc: int) -> IO[str]:
     """``DIRECTORY/ranks.log``, emptied (it holds the last local launch's lines), with the ranks' host."""
-    directory.mkdir(parents=True, exist_ok=True)
-    log = open(directory / LOG_NAME, "w", encoding="utf-8")
+    make_job_dir(directory)
+    log = open_job_log(directory / LOG_NAME)
     # The failure summary names a failed rank's host from this line (first_failure.placed_hosts).
     note(log, f"nodescale: the local launcher places {nproc} task(s) on each host, in this order: "
               f"{socket.gethostname()}")
