@@ -169,5 +169,6 @@ def test_a_preempted_member_is_requeued_alone_and_resumes(swept: dict[str, Any])
     log = Path(sweep_manifest.read(swept["dir"]).submissions[0].log.format(index=member)).read_text()
     array = re.search(r"submitted slurm job (\d+)", swept["first"])[1]
     assert "USR1 received: passing it on" in log, log
-    assert re.search(rf"stopped for requeue at step \d+ \(requeue 1 of 20\): requeueing Slurm job {array}_{member}\n", log), log
+    said = rf"stopped for requeue at step \d+ \(requeue 1 of 20\): requeueing Slurm job {array}_{member}\n"
+    assert re.search(said, log), log
     assert re.search(rf"resumed from \S+ \(step {stopped[0]['step']}\)", log), log
