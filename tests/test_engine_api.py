@@ -160,7 +160,7 @@ def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_exit_code_3(
     assert len(stopped) == 1 and stopped[0]["signal"] == "SIGTERM"
     step = stopped[0]["step"]
     assert (tmp_path / "run" / "checkpoints" / f"step-{step:08d}.pt").is_file()
-    assert (tmp_path / "marker").read_text().strip() == str(tmp_path / "run")
+    assert (tmp_path / "marker").read_text().splitlines() == [f"step={step}", f"run_dir={tmp_path / 'run'}"]
     output = launch(2, ["--epochs", "2", "--resume", "--out", str(tmp_path / "run")], tmp_path)
     assert f"(step {step})" in output
     assert result(tmp_path / "run")["steps"] == 2 * 19  # two epochs of 301 samples in global batches of 16

@@ -32,11 +32,14 @@ CATCH_LINE = f'trap ":" {SIGNAL}  # caught, not ignored: the program after exec 
 # get the default action back (a caught signal is reset across exec).
 IGNORE_LINE = f'trap "" {SIGNAL}  # the torchrun agent below catches it: its workers start with the default action'
 # The torchrun on PATH, run by python3 once it catches the signal (the one interpreter the job script already
-# relies on): no exec in between, which would reset the caught signal to its default action.
+# relies on): no exec in between, which would reset the caught signal to its default action. A torchrun that
+# is not a Python script (a site's wrapper) is exec'd as it is, the signal still ignored, as its workers find it.
 TORCHRUN_AGENT = (
-    'python3 -c "import runpy, shutil, signal, sys; signal.signal(signal.SIG' + SIGNAL + ', lambda *_: None); '
-    'sys.argv[0] = shutil.which(\\"torchrun\\") or sys.exit(\\"torchrun: not found on PATH\\"); '
-    'runpy.run_path(sys.argv[0], run_name=\\"__main__\\")"'
+    'python3 -c "import os, runpy, shutil, signal, sys; '
+    'path = shutil.which(\\"torchrun\\") or sys.exit(\\"torchrun: not found on PATH\\"); '
+    'b\\"python\\" in open(path, \\"rb\\").readline() or os.execv(path, [path, *sys.argv[1:]]); '
+    'signal.signal(signal.SIG' + SIGNAL + ', lambda *_: None); '
+    'sys.argv[0] = path; runpy.run_path(path, run_name=\\"__main__\\")"'
 )
 _READ_STEP = f"sed -n 's/^{REQUEUE_STEP_KEY}=//p'"
 

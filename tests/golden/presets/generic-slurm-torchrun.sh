@@ -63,7 +63,7 @@ srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=16 --label --kill-on-bad-exit
         export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank\${rank}]:"  # with --tee=3: each line its rank
         # Each rank bound to the NUMA node of its GPU, where this torch and this node allow it (numa_binding.py).
         numa_binding=$(python3 -m nodescale.launch.numa_binding 2>/dev/null) || numa_binding=
-        exec python3 -c "import runpy, shutil, signal, sys; signal.signal(signal.SIGUSR1, lambda *_: None); sys.argv[0] = shutil.which(\"torchrun\") or sys.exit(\"torchrun: not found on PATH\"); runpy.run_path(sys.argv[0], run_name=\"__main__\")" --nnodes=2 --nproc-per-node=4 \
+        exec python3 -c "import os, runpy, shutil, signal, sys; path = shutil.which(\"torchrun\") or sys.exit(\"torchrun: not found on PATH\"); b\"python\" in open(path, \"rb\").readline() or os.execv(path, [path, *sys.argv[1:]]); signal.signal(signal.SIGUSR1, lambda *_: None); sys.argv[0] = path; runpy.run_path(path, run_name=\"__main__\")" --nnodes=2 --nproc-per-node=4 \
             --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
             --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --tee=3 $numa_binding --no-python "$@"
     ' \

@@ -101,7 +101,7 @@ while true; do
             local_addr=$(python3 -c "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])" "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) || local_addr=$(hostname)
             exec 2>&1  # one stream per rank: its traceback stays in order with its other lines
             export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank\${rank}]:"  # with --tee=3: each line its rank
-            exec python3 -c "import runpy, shutil, signal, sys; signal.signal(signal.SIGUSR1, lambda *_: None); sys.argv[0] = shutil.which(\"torchrun\") or sys.exit(\"torchrun: not found on PATH\"); runpy.run_path(sys.argv[0], run_name=\"__main__\")" --nnodes=2 --nproc-per-node=1 \
+            exec python3 -c "import os, runpy, shutil, signal, sys; path = shutil.which(\"torchrun\") or sys.exit(\"torchrun: not found on PATH\"); b\"python\" in open(path, \"rb\").readline() or os.execv(path, [path, *sys.argv[1:]]); signal.signal(signal.SIGUSR1, lambda *_: None); sys.argv[0] = path; runpy.run_path(path, run_name=\"__main__\")" --nnodes=2 --nproc-per-node=1 \
                 --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
                 --rdzv-conf=is_host="$is_host" --local-addr="$local_addr" --tee=3 --no-python "$@"
         ' \
