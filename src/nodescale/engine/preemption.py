@@ -1,12 +1,13 @@
 """Stop every rank at the same step boundary when one of them is told to stop (preemption, wall time).
 
-A signal handler only records the signal. At every step boundary each rank contributes what it
+A signal handler only records the signal. At a step boundary each rank contributes what it
 received to an all-reduce (MAX of the signal number), so all ranks decide together, at the same
 step, even when the scheduler signalled only some of them (srun forwards to the tasks of one node
 at a time; torchrun's workers may see it before their agent). The all-reduce runs on a gloo group
 of its own over a CPU tensor, so under NCCL it costs no device synchronisation, and it is
-asynchronous: started at one boundary, waited for at the next, so the check never waits on the
-network in the step's critical path. The price is one more step before stopping.
+asynchronous: started at one agreement, waited for at the next, so the check never waits on the
+network in the step's critical path. Agreements come every step until the timing warm-up ends, then
+every :func:`stop_check_interval` steps (about :data:`STOP_CHECK_SECONDS`): a stop comes within two.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nodescale.distributed.process_group import Runtime
 from nodescale.stop_signals import REQUEUE_FILE_VARIABLE, requeue_marker
 
 log = logging.getLogger(__name__)
@@ -104,3 +106,26 @@ def write_requeue_file(step: int, run_dir: Path | None = None) -> Path | None:
     partial.write_text(requeue_marker(step, str(run_dir) if run_dir is not None else None))
     partial.replace(path)
     return path
+
+
+# How often the ranks agree on a stop, in the slowest rank's step time: an agreement costs a collective (a
+# network round trip, and the threads it wakes on a busy node), which small steps would pay at every step.
+STOP_CHECK_SECONDS = 0.2
+MAX_STOP_CHECK_STEPS = 100
+
+
+def stop_check_interval(runtime: Runtime, steps: int, seconds: float) -> int:
+    """Every rank, once, at the end of the timing warm-up (a collective, so also a barrier): agree every how
+    many steps, from the slowest rank's ``seconds`` over ``steps`` warm-up steps."""
+    per_step = torch.tensor([seconds / steps if steps > 0 else 0.0], dtype=torch.float64, device=runtime.device)
+    if runtime.has_process_group:
+        dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
+    return steps_between_checks(float(per_step.item()))
+
+
+def steps_between_checks(step_seconds: float) -> int:
+    """About :data:`STOP_CHECK_SECONDS` of steps of ``step_seconds``: 1 to :data:`MAX_STOP_CHECK_STEPS`
+    (1 when unknown)."""
+    if not step_seconds > 0:
+        return 1
+    return max(1, min(MAX_STOP_CHECK_STEPS, int(STOP_CHECK_SECONDS / step_seconds)))

@@ -27,7 +27,7 @@ from nodescale.distributed.process_group import Runtime, barrier, sum_over_repli
 from nodescale.distributed.watchdog import start_watchdog
 from nodescale.engine.device import peak_memory_bytes, synchronize
 from nodescale.engine.metrics_log import MetricsLog
-from nodescale.engine.preemption import StopRequest, write_requeue_file
+from nodescale.engine.preemption import StopRequest, stop_check_interval, write_requeue_file
 from nodescale.engine.summary import EvalResult, Timing, gather_summary
 from nodescale.engine.work import SampleWork
 from nodescale.errors import UserError
@@ -65,6 +65,9 @@ class RunRecord:
         self._excluded = 0.0  # seconds left out of the training time
         self._untimed_since: float | None = None  # when the untimed block in progress began
         self._unsynced = False  # a step ended since the device was last synchronised
+        self._first_step_end = 0.0  # training time at this process's first step's end
+        self._stop_every = 1  # steps between two stop agreements (set at the end of the warm-up)
+        self._last_agreement: int | None = None  # the step of the last one
         if library:
             self.open(resumed=self.run_dir is not None and (self.run_dir / "checkpoints").is_dir())
 
@@ -119,6 +122,8 @@ class RunRecord:
         """An optimiser step ended, with ``samples`` real samples drawn since the one before."""
         self.steps += 1
         self._steps_here += 1
+        if self._steps_here == 1:
+            self._first_step_end = self.training_time()
         self._unsynced = True
         if self._timed_since is not None:
             self.timing.timed_samples += samples
@@ -126,7 +131,10 @@ class RunRecord:
             self.timing.timed_seconds = self.training_time() - self._timed_since
         elif self._steps_here >= self._warmup():
             self.sync_point()
-            barrier(self.runtime)  # every rank's clock starts together, none counts a wait
+            # Every rank's clock starts together (the collective is a barrier), none counting a wait; and the
+            # slowest rank's warm-up step sets how often the ranks agree on a stop from now on.
+            self._stop_every = stop_check_interval(self.runtime, self._steps_here - 1,
+                                                   self.training_time() - self._first_step_end)
             self._timed_since = self.training_time()
             self._wait_at_warm = self.train_loader.wait_seconds if self.train_loader else 0.0
         if self.watchdog is not None:
@@ -179,8 +187,13 @@ class RunRecord:
                            self.cfg.strategy.timeout_s)
 
     def should_stop(self) -> bool:
+        """At a step boundary, on every rank. The ranks agree at most every ``_stop_every`` steps (the same
+        steps on each), so a stop comes within two agreements (:mod:`nodescale.engine.preemption`)."""
         if self.stop is None:  # created at the first call: a script that never asks keeps the signals' defaults
             self.stop = self._stop_request()
+        if self._last_agreement is not None and self.steps - self._last_agreement < self._stop_every:
+            return False  # the same answer on every rank: they step together
+        self._last_agreement = self.steps
         return self.stop.agreed()
 
     def stopped(self, code: int) -> None:
