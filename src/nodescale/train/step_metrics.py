@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from nodescale.data.epoch_loader import EpochLoader
-from nodescale.distributed.process_group import sum_over_replicas
+from nodescale.distributed.process_group import sums_and_maxima
 from nodescale.engine.device import current_memory_bytes
 from nodescale.engine.summary import devices_per_process
 from nodescale.models.spec import Task
@@ -65,9 +64,7 @@ class StepMetrics:
         largest = torch.tensor((seconds, self.loader.wait_seconds - self.waited,
                                 float(current_memory_bytes(self.ctx.device))), dtype=torch.float64,
                                device=self.ctx.device)
-        sum_over_replicas(self.ctx.runtime, totals)
-        if self.ctx.runtime.has_process_group:
-            dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        totals, largest = sums_and_maxima(self.ctx.runtime, totals, largest)
         loss_sum, hits_sum, count = totals.tolist()
         seconds, waited, memory = largest.tolist()
         count, steps = max(count, 1.0), max(step - self.first_step, 1)
