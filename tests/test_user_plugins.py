@@ -286,6 +286,18 @@ BAD_INPUTS: dict[str, tuple[list[str], list[str]]] = {
                      "hint: compute it with reduction='none'"]),
     "no_blocks": (["--model", "bad.py:flat", "--activation-checkpointing"],
                   ["no repeated blocks to recompute", "hint: name its block class: --set strategy.fsdp_units="]),
+    # Issue 36: mistakes that ended in torch's traceback, or in exit code 0 or 3 without a run.
+    "no_parameters": (["--model", "bad.py:no_parameters"],
+                      ["returned a Doubler without trainable parameters", 'bad.py", line 47, in no_parameters',
+                       "hint: give the model layers with weights"]),
+    "negative_length": (["--dataset", "bad.py:negative_length"],
+                        ["the train set's __len__ returned -3: must be its number of samples",
+                         'bad.py", line 52, in __len__', "hint: return the number of samples from Shrinking.__len__"]),
+    "interrupted": (["--model", "bad.py:interrupted"],
+                    ["was interrupted: KeyboardInterrupt (building the model)", 'bad.py", line 62, in interrupted',
+                     "hint: a Ctrl-C stops it there"]),
+    "exits_0": (["--model", "bad.py:exits"], ["called sys.exit(0) (building the model)", 'bad.py", line 68, in exits',
+                                              "hint: return from exits() instead of exiting"]),
 }
 
 
@@ -320,3 +332,13 @@ def test_every_rank_refuses_a_scalar_loss_and_the_launcher_says_it_once(code: Pa
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("one loss per sample") == 1 and "(ranks 0, 1)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.multiproc
+def test_a_model_function_calling_sys_exit_3_is_a_user_error_not_a_stop_for_requeue(code: Path) -> None:
+    """Exit code 3 is the requeue code (issue 30): the user's own sys.exit(3) is named, once, with exit code 2."""
+    result = run_cli(["train", "--model", "bad.py:exits", "--set", "model.args.code=3", "--nproc", "2",
+                      "--max-steps", "1", "--out", "exits"], cwd=code, check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("called sys.exit(3) (building the model)") == 1, result.stderr
+    assert "requeue" not in result.stderr and "Traceback" not in result.stderr

@@ -17,6 +17,10 @@ EXIT_USER_ERROR = 2
 class UserError(Exception):
     """A mistake in the user's input, reported as value + rule + hint."""
 
+    # Said once already (launch.schedulers.local_launcher.report_user_error): a rank of a job
+    # says it before leaving the process group, as its peers' launcher may end it right after.
+    reported = False
+
     def __init__(self, what: str, rule: str, hint: str | None = None) -> None:
         self.what = what
         self.rule = rule

@@ -65,10 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except UserError as exc:
-        from nodescale.launch.schedulers.local_launcher import hand_over_user_error
+        from nodescale.launch.schedulers.local_launcher import report_user_error
 
-        if not hand_over_user_error(str(exc)):  # a worker of --nproc: the launcher prints it once
-            print(f"nodescale: error: {exc}", file=sys.stderr)
+        report_user_error(exc)  # a worker of --nproc hands it to the launcher, which prints it once
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("nodescale: interrupted", file=sys.stderr)

@@ -66,11 +66,12 @@ class Converted:
                             "(with __len__ and __getitem__)", "return torch.utils.data.Dataset objects, or lists "
                             "of (input, target) pairs")
         self.ref, self.dataset, self.split = ref, dataset, split
-        if len(dataset) == 0:
+        self._length = _checked_length(ref, dataset, split)
+        if self._length == 0:
             raise UserError(ref.what, f"the {split} set is empty", "return datasets with at least one sample")
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return self._length
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         from nodescale.plugins.calls import call
@@ -105,6 +106,26 @@ class Converted:
                             "float regression targets, or the next token ids (integers of the input's shape "
                             "(seq_len,))", "return one integer class per sample, or floats, or token ids")
         return target.long()
+
+
+def _checked_length(ref: PluginRef, dataset: Any, split: str) -> int:
+    """What the dataset's ``__len__`` returns, refused unless a count (``len()``'s own error shows no user frame)."""
+    import operator
+
+    from nodescale.plugins.calls import call, defined_at
+
+    method = type(dataset).__len__
+    length = call(ref, method, f"taking the length of the {split} set", dataset)
+    try:
+        count = operator.index(length)
+    except TypeError:
+        count = -1
+    if count < 0 or isinstance(length, bool):
+        where = defined_at(method)
+        raise UserError(ref.what, f"the {split} set's __len__ returned {length!r}: must be its number of samples, "
+                        "an integer of 0 or more" + (f"\n{where}" if where else ""),
+                        f"return the number of samples from {type(dataset).__name__}.__len__")
+    return count
 
 
 def _are_tokens(x: torch.Tensor, y: torch.Tensor) -> bool:

@@ -2,7 +2,10 @@
 
 A mistake in the user's file is the user's to fix, so it becomes a ``UserError``
 (exit code 2, no traceback) whose text holds the frames of that file: where it
-went wrong, without the dozen frames of nodescale and torch around them.
+went wrong, without the dozen frames of nodescale and torch around them. So do
+``sys.exit`` and ``KeyboardInterrupt`` inside it: a model function's ``sys.exit(0)``
+would otherwise end ``train`` with exit code 0 and no run, and its ``sys.exit(3)``
+look like a stop for requeue.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import sys
 import traceback
 from collections.abc import Callable
@@ -39,7 +43,7 @@ def call(ref: PluginRef, function: Callable[..., Any], doing: str, *args: Any, *
         return function(*args, **kwargs)
     except UserError:
         raise
-    except Exception as exc:  # anything the user's code raises is the user's to fix
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # anything the user's code raises is the user's to fix
         raise user_code_error(ref, exc, doing) from None
 
 
@@ -49,6 +53,10 @@ def user_code_error(ref: PluginRef, exc: BaseException, doing: str) -> UserError
     rule = describe_exception(exc, path, doing)
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         hint = f"install {exc.name.split('.')[0]} where the ranks run (pip install ...), or fix the import"
+    elif isinstance(exc, SystemExit):
+        hint = f"return from {ref.function}() instead of exiting: nodescale ends the run itself"
+    elif isinstance(exc, KeyboardInterrupt):
+        hint = "a Ctrl-C stops it there; if you pressed none, see why the line shown raises KeyboardInterrupt"
     elif "\n" in rule:
         hint = f"fix {path.name if path else ref.target} at the line shown"
     elif isinstance(exc, TypeError) and "argument" in str(exc):
@@ -62,7 +70,12 @@ def user_code_error(ref: PluginRef, exc: BaseException, doing: str) -> UserError
 def describe_exception(exc: BaseException, path: Path | None, doing: str) -> str:
     """``raised TYPE: MESSAGE (DOING)``, then the frames of ``exc`` that lie in ``path`` (the user's file)."""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = f"raised {type(exc).__name__}{': ' + message if message else ''} ({doing})"
+    if isinstance(exc, SystemExit):
+        text = f"called sys.exit({'' if exc.code is None else repr(exc.code)}) ({doing})"
+    elif isinstance(exc, KeyboardInterrupt):
+        text = f"was interrupted: KeyboardInterrupt ({doing})"
+    else:
+        text = f"raised {type(exc).__name__}{': ' + message if message else ''} ({doing})"
     frames = user_frames(exc, path)
     return f"{text}\n{frames}" if frames else text
 
@@ -74,6 +87,22 @@ def user_frames(exc: BaseException, path: Path | None) -> str:
     wanted = str(path.resolve())
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if _same_file(f.filename, wanted)]
     return "".join(traceback.format_list(frames)).rstrip()
+
+
+def defined_at(function: Any) -> str:
+    """Where the user's ``function`` (or method) is defined, as a traceback frame: for a mistake in what it returns.
+
+    Empty where Python cannot tell (a builtin, a lambda typed at a prompt).
+    """
+    try:
+        lines, number = inspect.getsourcelines(function)
+        filename = inspect.getsourcefile(function)
+    except (OSError, TypeError):
+        return ""
+    if filename is None:
+        return ""
+    frame = traceback.FrameSummary(filename, number, function.__name__, line=lines[0].strip() if lines else None)
+    return "".join(traceback.format_list([frame])).rstrip()
 
 
 def source_file(ref: PluginRef) -> Path | None:
@@ -96,7 +125,7 @@ def _import(ref: PluginRef) -> ModuleType:
     if not ref.is_file:
         try:
             return importlib.import_module(ref.target)
-        except Exception as exc:  # its top level failed (or it is not there): the user's to fix
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # its top level failed, or it is not there
             if isinstance(exc, ModuleNotFoundError) and exc.name and ref.target.startswith(exc.name):
                 raise UserError(ref.what, f"no module {ref.target!r} can be imported",
                                 "install it, or add its directory to PYTHONPATH") from None
@@ -117,7 +146,7 @@ def _import(ref: PluginRef) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # a script's unguarded sys.exit(main()) too
         del sys.modules[name]
         raise user_code_error(ref, exc, f"running {path.name}'s top level") from None
     return module

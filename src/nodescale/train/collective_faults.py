@@ -6,6 +6,11 @@ operation`` or ``Application timeout caused pair closure``, and a peer that died
 that sees them is healthy: the fault is elsewhere, and its own output (or the
 heartbeat watchdog's report) says which rank. NCCL's timeouts are raised by its
 own watchdog thread, which ends the process before Python sees an exception.
+
+When that rank stopped on a user error and handed it over to whoever started the ranks
+(nodescale's launcher, or a job script's restart loop: ``NODESCALE_ERROR_DIR``), this rank
+says nothing at all: the user reads that error once, with its rank and hint, and no line
+about its consequence.
 """
 
 from __future__ import annotations
@@ -17,26 +22,25 @@ import sys
 from dataclasses import dataclass
 from typing import NoReturn
 
+from nodescale.launch.schedulers.local_launcher import ranks_with_user_errors
 from nodescale.stop_signals import EXIT_HANG
 
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_SOURCE = re.compile(r"^\[[^\]]*\]\s*")  # gloo's [gloo/transport/tcp/pair.cc:553]
 _PEER_GONE = re.compile(r"connection reset|connection closed|broken pipe|connection refused|peer.*(closed|died)",
                         re.IGNORECASE)
 
 
-@dataclass
-class CollectiveFault(Exception):
-    """Raised in place of the backend's error; ``message`` is what the user reads, ``exit_code`` the process's."""
+@dataclass(frozen=True)
+class CollectiveFault:
+    """Said in place of the backend's error: ``message`` is what the user reads, ``exit_code`` the process's."""
 
     message: str
     exit_code: int
 
-    def __str__(self) -> str:
-        return self.message
-
 
 class LeftAfterCollectiveFault(SystemExit):
-    """``run_training`` reported a :class:`CollectiveFault` and left the group: end the process with ``code``.
+    """``run_training`` said a :class:`CollectiveFault` and left the group: end the process with ``code``.
 
     A library caller may catch it like any SystemExit; a process entry point calls
     :func:`end_process_now` instead of returning.
@@ -69,17 +73,22 @@ def classify(exc: BaseException) -> str | None:
 
 
 def explain(exc: BaseException, rank: int, step: int, timeout_s: float) -> CollectiveFault | None:
-    """The fault to raise instead of ``exc``, or None to let ``exc`` go on unchanged."""
+    """The fault to raise instead of ``exc``, or None to let ``exc`` go on unchanged; an empty ``message`` when
+    another rank's user error explains it (exit code 1, as for any rank whose peer failed)."""
     kind = classify(exc)
     if kind is None:
         return None
-    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-    where = f"rank {rank} on host {socket.gethostname()} at step {step}"
+    if any(other != rank for other in ranks_with_user_errors()):
+        return CollectiveFault("", 1)
+    # The backend's first sentence: gloo adds its source line and advice to every message.
+    first = _SOURCE.sub("", str(exc).strip()).splitlines()[0].split(". ")[0][:200] if str(exc).strip() else \
+        type(exc).__name__
+    who = f"rank {rank} on host {socket.gethostname()}"
     if kind == "timeout":
         return CollectiveFault(
-            f"nodescale: hang: {where} waited longer than the collective timeout ({timeout_s:g} s) for another "
-            f"rank ({first}); that rank stopped, died or fell behind. --heartbeat-timeout names it (on by "
+            f"nodescale: hang: {who} at step {step} waited longer than the collective timeout ({timeout_s:g} s) for "
+            f"another rank ({first}); that rank stopped, died or fell behind. --heartbeat-timeout names it (on by "
             "default); --collective-timeout raises the limit for legitimately slow steps", EXIT_HANG)
     return CollectiveFault(
-        f"nodescale: {where} lost its connection to another rank during a collective ({first}); that rank "
-        "failed: its own output, or the launcher's last lines, say why", 1)
+        f"nodescale: {who} stopped at step {step}: it lost its connection to another rank during a collective "
+        f"({first}); that rank failed: its own output, or the launcher's last lines, say why", 1)

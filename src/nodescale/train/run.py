@@ -20,14 +20,15 @@ from nodescale.config.schema import RunConfig
 from nodescale.data.pipeline import input_pipeline
 from nodescale.data.registry import get_format
 from nodescale.distributed.env import DistEnv, detect
-from nodescale.distributed.process_group import Runtime, barrier, start
+from nodescale.distributed.process_group import Runtime, abandon, barrier, start
 from nodescale.engine.settings import check_process_count
 from nodescale.engine.summary import summary_table
-from nodescale.launch.schedulers.local_launcher import current_restart
+from nodescale.errors import UserError
+from nodescale.launch.schedulers.local_launcher import current_restart, report_user_error
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
 from nodescale.strategies import make_strategy
 from nodescale.train.build_model import build_for_run
-from nodescale.train.collective_faults import CollectiveFault, LeftAfterCollectiveFault, end_process_now, explain
+from nodescale.train.collective_faults import LeftAfterCollectiveFault, end_process_now, explain
 from nodescale.train.console import Console
 from nodescale.train.loop import train
 from nodescale.train.loss import make_loss
@@ -50,19 +51,31 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
     check_process_count(cfg.strategy, env, f"strategy {cfg.strategy.name!r}", "--strategy ddp")
     runtime = start(env, cfg.strategy.backend, cfg.strategy.timeout_s, group=cfg.strategy.multi_process,
                     tensor_parallel=getattr(cfg.strategy, "tp", 1))
-    cfg = _resume_after_restart(cfg.model_copy(update={"out": _agree_run_dir(cfg, runtime)}))
-    # Before anything slow: the stop handlers (a signal during start-up is kept until the first
-    # step boundary) and the watchdog.
-    ctx = Context(runtime, cfg, strategy, started, library=False)
-    observers = Observers(cfg, runtime, cfg.out)
+    ctx: Context | None = None
+    observers: Observers | None = None
     try:
+        cfg = _resume_after_restart(cfg.model_copy(update={"out": _agree_run_dir(cfg, runtime)}))
+        # Before anything slow: the stop handlers (a signal during start-up is kept until the first
+        # step boundary) and the watchdog.
+        ctx = Context(runtime, cfg, strategy, started, library=False)
+        observers = Observers(cfg, runtime, cfg.out)
         return _train(ctx, observers)
     except BaseException as exc:  # ctx.exit_for_requeue's SystemExit too: the context is closed then
-        observers.abort()
-        ctx.__exit__(type(exc), exc, None)  # another rank may never reach a barrier now: leave without one
-        if isinstance(exc, CollectiveFault):  # another rank's fault: say so, without this rank's traceback
-            print(exc.message, file=sys.stderr, flush=True)
-            raise LeftAfterCollectiveFault(exc.exit_code) from None
+        if isinstance(exc, UserError) and runtime.world_size > 1:
+            report_user_error(exc)  # before leaving the group: its peers (and their launcher) may end this rank then
+        if observers is not None:
+            observers.abort()
+        if ctx is not None:
+            ctx.__exit__(type(exc), exc, None)  # another rank may never reach a barrier now: leave without one
+        else:  # a peer left while the context's own gloo group formed
+            abandon(runtime)
+        # Another rank's fault, at start-up (rank 0's data preparation) or in training: say so in one line (or
+        # none, collective_faults), without this rank's traceback.
+        fault = explain(exc, runtime.rank, ctx.global_step if ctx else 0, cfg.strategy.timeout_s)
+        if fault is not None:
+            if fault.message:
+                print(fault.message, file=sys.stderr, flush=True)
+            raise LeftAfterCollectiveFault(fault.exit_code) from None
         raise
 
 
@@ -134,14 +147,8 @@ def _train(ctx: Context, observers: Observers) -> dict[str, Any]:
     ctx.record.open(resumed=ctx.global_step > 0)  # after a resume was accepted: a refused one leaves the settings
 
     profiler = observers.start(ctx.global_step)
-    try:
-        evaluation = train(ctx, cfg, model, optimizer, scheduler, loader, val_loader,
-                           make_loss(cfg.train.loss, spec.task), spec.task, total_steps, console, profiler)
-    except RuntimeError as exc:
-        fault = explain(exc, runtime.rank, ctx.global_step, cfg.strategy.timeout_s)
-        if fault is None:
-            raise
-        raise fault from exc
+    evaluation = train(ctx, cfg, model, optimizer, scheduler, loader, val_loader,
+                       make_loss(cfg.train.loss, spec.task), spec.task, total_steps, console, profiler)
     ctx.record.last_values.update(val_loss=evaluation.loss, val_accuracy=evaluation.accuracy,
                                   val_samples=evaluation.samples)
     ctx.record.summary_extra.update(observers.stop(console))

@@ -7,12 +7,11 @@ of the configuration into a temporary directory.
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
 from nodescale.errors import EXIT_USER_ERROR, UserError, one_line_warning
-from nodescale.launch.schedulers.local_launcher import hand_over_user_error
+from nodescale.launch.schedulers.local_launcher import report_user_error
 
 
 def main(argv: list[str]) -> int:
@@ -23,8 +22,7 @@ def main(argv: list[str]) -> int:
     try:
         run_training_as_worker(load_config(argv[0]))
     except UserError as exc:
-        if not hand_over_user_error(str(exc)):  # the local launcher prints each distinct error once
-            print(f"nodescale: error (rank {os.environ.get('RANK', '0')}): {exc}", file=sys.stderr)
+        report_user_error(exc)  # to the local launcher, which prints each distinct error once
         return EXIT_USER_ERROR
     return 0
 

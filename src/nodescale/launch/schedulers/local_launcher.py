@@ -245,6 +245,21 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_USER_ERROR
 
 
+def report_user_error(exc: UserError) -> None:
+    """Say ``exc`` once: hand it over to the launcher (which prints each distinct error once), or print it.
+
+    Called again on the way out of a process that reported it already, it does nothing. A rank of
+    several names itself: its peers' lines (if any) say only that they lost one.
+    """
+    if exc.reported:
+        return
+    exc.reported = True
+    if not hand_over_user_error(str(exc)):
+        rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
+        who = f" (rank {rank})" if rank is not None and world.isdigit() and int(world) > 1 else ""
+        print(f"nodescale: error{who}: {exc}", file=sys.stderr, flush=True)
+
+
 def hand_over_user_error(message: str) -> bool:
     """In a worker of :func:`launch_local`: leave ``message`` for the launcher to print once.
 
@@ -255,6 +270,18 @@ def hand_over_user_error(message: str) -> bool:
         return False
     Path(error_dir, f"rank-{os.environ.get('RANK', '0')}.txt").write_text(message)
     return True
+
+
+def ranks_with_user_errors() -> list[int]:
+    """In a worker: the ranks that have handed over a user error so far (none outside such a worker).
+
+    A rank hands its error over before it leaves the process group, so a peer that has lost
+    its connection to that rank finds it here and can leave without a message of its own.
+    """
+    error_dir = os.environ.get(ERROR_DIR_VARIABLE)
+    if not error_dir:
+        return []
+    return sorted(int(path.stem.split("-")[1]) for path in Path(error_dir).glob("rank-*.txt"))
 
 
 def _print_user_errors(error_dir: Path) -> bool:
