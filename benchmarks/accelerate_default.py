@@ -6,7 +6,7 @@ One side of ``startup.py``, launched under torchrun as the Accelerate documentat
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         benchmarks/accelerate_default.py --epochs 10 --json-out /tmp/accelerate.json
 
-Same network, data, split and initial weights as ``raw_ddp.py`` (imported from it),
+Same network, data, split and initial weights as ``raw_ddp.py`` (imported from ``raw_parts.py``),
 AdamW (lr 3e-3, weight decay 0) with the per-step cosine decay to 0, batch 32 per process,
 validation once per epoch over the whole validation split. ``Accelerator(cpu=True)`` sees
 torchrun's variables, takes the ``MULTI_CPU`` path and starts a gloo process group (the
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 
 # The script's own directory is on sys.path when it is run as a script.
-from raw_ddp import (
+from raw_parts import (
     BATCH_SIZE,
     EPOCHS,
     LOG_EVERY,

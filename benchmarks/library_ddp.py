@@ -4,7 +4,7 @@ The same model, data, order, optimiser, logging interval and timing as ``raw_ddp
 timing form (its flags, ``--steps`` required, its result line; constant learning rate, no
 validation): only the process group, DDP wrapper, data loading, backward and step
 go through ``nodescale.init``, ``ctx.prepare``, ``ctx.loader``, ``ctx.backward`` and
-``ctx.step``. ``overhead.py --face library`` runs it against ``raw_ddp.py``::
+``ctx.step``. It is ``overhead.py``'s ``library`` side, against ``raw_ddp.py``::
 
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         benchmarks/library_ddp.py --model cnn --dataset digits --batch-size 32 --steps 300 --warmup-steps 5
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from raw_ddp import parse_args, sync, timing, write_result  # noqa: E402
+from raw_parts import make_optimizer, parse_args, sync, timing, write_result  # noqa: E402
 
 import nodescale  # noqa: E402
 from nodescale.config.schema import DataSection, ModelSection  # noqa: E402
@@ -30,16 +30,13 @@ from nodescale.models.registry import build_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.steps is None:
-        raise SystemExit("library_ddp.py needs --steps")
+    args = parse_args(argv, need_steps=True)
     ctx = nodescale.init(seed=args.seed, bucket_cap_mb=args.bucket_cap_mb)
     splits = get_format(args.dataset).load(DataSection(name=args.dataset, image_size=args.image_size,
-                                                       samples=args.samples), args.seed)
+                                                       samples=args.samples, channels=args.channels), args.seed)
     torch.manual_seed(args.seed)
     model = build_model(ModelSection(name=args.model), splits.spec)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                                  **({"fused": True} if ctx.device.type == "cuda" else {}))
+    optimizer = make_optimizer(args, model.parameters(), ctx.device)
     model, optimizer = ctx.prepare(model, optimizer)
     loader = ctx.loader(splits.train, batch_size=args.batch_size, seed=args.seed)
 

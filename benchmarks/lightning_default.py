@@ -5,7 +5,7 @@ the other processes itself (it runs this script again with ``LOCAL_RANK`` set)::
 
     OMP_NUM_THREADS=1 python benchmarks/lightning_default.py --epochs 10 --json-out /tmp/lightning.json
 
-Same network, data, split and initial weights as ``raw_ddp.py`` (imported from it),
+Same network, data, split and initial weights as ``raw_ddp.py`` (imported from ``raw_parts.py``),
 AdamW (lr 3e-3, weight decay 0) with the per-step cosine decay to 0, batch 32 per process,
 2 processes on the CPU, validation once per epoch over the whole validation split. Written
 the way the Lightning documentation writes it: a ``LightningModule``, ``DataLoader``\\ s over
@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 # The script's own directory is on sys.path when it is run as a script (and so in
 # the processes Lightning starts, which run it again).
-from raw_ddp import BATCH_SIZE, EPOCHS, LR, WEIGHT_DECAY, build_model, cosine_factor, digits_tensors, write_result
+from raw_parts import BATCH_SIZE, EPOCHS, LR, WEIGHT_DECAY, build_model, cosine_factor, digits_tensors, write_result
 from torch.utils.data import DataLoader, TensorDataset
 
 

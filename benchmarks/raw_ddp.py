@@ -12,11 +12,11 @@ Launched as one launches any hand-written DDP script::
 
 Everything -- process group, DDP wrapper, sampler, loss, optimiser, schedule, loop, validation
 and timing -- is written out here as an expert would write it, with no framework in between.
-nodescale's ``cnn`` and ``digits`` are *copied* here (with them the script imports nothing from
-nodescale, so none of nodescale's start-up lands in ``startup.py``'s baseline);
-``lightning_default.py`` and ``accelerate_default.py`` import them from this file. Any other
-``--model``/``--dataset`` is built by nodescale's builders, because the model code is not what
-is compared. Kept equal to ``nodescale train``:
+The pieces it shares with the other script sides are in ``raw_parts.py`` beside it: nodescale's
+``cnn`` and ``digits`` *copied* (with them the script imports nothing from nodescale, so none of
+nodescale's start-up lands in ``startup.py``'s baseline), nodescale's builders for any other
+``--model``/``--dataset`` (the model code is not what is compared), the optimiser, the timing
+and the flags. Kept equal to ``nodescale train``:
 
 * the model (weights drawn after ``torch.manual_seed(seed)``), the training split (80/20 by
   ``randperm`` of a CPU generator seeded with the seed), the batch size per process and the
@@ -26,8 +26,9 @@ is compared. Kept equal to ``nodescale train``:
   partial (23 steps per epoch for the digits on 2 ranks);
 * inputs normalised per batch as ``(x / scale - mean) / std``, as nodescale does;
 * DDP with gradients as bucket views and DDP's default bucketing (``--bucket-cap-mb 25`` gives
-  nodescale's layout), AdamW (lr 3e-3, weight decay 0; foreach on the CPU, fused on CUDA),
-  a per-step cosine decay to 0 or a constant learning rate (``--schedule``);
+  nodescale's layout), AdamW (lr 3e-3, weight decay 0) or SGD (``--optimizer sgd``, ``--lr``,
+  ``--momentum``), foreach on the CPU and fused on CUDA, a per-step cosine decay to 0 or a
+  constant learning rate (``--schedule``);
 * the loss all-reduced and printed every ``--log-every`` steps (nodescale reduces its metrics
   at the same interval); validation once per epoch over the whole validation split, sharded,
   padding masked out, on the unwrapped model (``--no-validate`` to skip; it is not paused out
@@ -43,149 +44,22 @@ returned.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import importlib.util
-import json
 import math
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from raw_parts import cosine_factor, load, make_optimizer, make_parser, parse_args, sync, timing, write_result
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-# The embedded default of `nodescale train` (`nodescale config show`).
-SEED = 0
-BATCH_SIZE = 32  # per process
-LR = 3e-3
-WEIGHT_DECAY = 0.0
-EPOCHS = 10
-VAL_FRACTION = 0.2
-LOG_EVERY = 10
-# src/nodescale/data/digits.py: pixels are counts 0..16; mean and std of all pixels / 16.
-SCALE = 16.0
-MEAN = 0.30526
-STD = 0.37605
-NUM_CLASSES = 10
-
-
-# ------------------------------------------------------------------ model (copied from nodescale)
-class ConvBlock(nn.Module):
-    """5x5 convolution (size-preserving), BatchNorm, ReLU, then 2x2 max-pooling."""
-
-    def __init__(self, in_channels: int, out_channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=5, padding=2)
-        self.bn = nn.BatchNorm2d(out_channels)
-        self.relu = nn.ReLU()
-        self.pool = nn.MaxPool2d(2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.pool(self.relu(self.bn(self.conv(x))))
-
-
-class ConvNet(nn.Module):
-    """nodescale's ``cnn``: ``layer1`` (16 channels) and ``layer2`` (32 channels), then ``fc``."""
-
-    def __init__(self, channels: int = 1, height: int = 8, width: int = 8, num_classes: int = NUM_CLASSES) -> None:
-        super().__init__()
-        self.layer1 = ConvBlock(channels, 16)
-        self.layer2 = ConvBlock(16, 32)
-        # Each block halves the sides (rounding down), hence the // 4.
-        self.fc = nn.Linear(32 * (height // 4) * (width // 4), num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.layer2(self.layer1(x))
-        return self.fc(out.flatten(1))
-
-
-def build_model(seed: int = SEED) -> ConvNet:
-    """The network with the weights every side starts from (nodescale seeds before building)."""
-    torch.manual_seed(seed)
-    return ConvNet()
-
-
-# ------------------------------------------------------------------- data (copied from nodescale)
-def read_digits() -> tuple[np.ndarray, np.ndarray]:
-    """Pixels as uint8 ``(1797, 64)`` in 0..16 and labels as int64, from sklearn's CSV without importing sklearn."""
-    spec = importlib.util.find_spec("sklearn")
-    if spec is not None and spec.submodule_search_locations:
-        path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
-        if path.is_file():
-            table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # 64 pixels, then the label
-            return table[:, :-1], table[:, -1].astype(np.int64)
-    from sklearn.datasets import load_digits  # an installation laid out differently
-
-    bunch = load_digits()
-    return bunch.data.astype(np.uint8), bunch.target.astype(np.int64)
-
-
-def seeded_split(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted training and validation indices, as nodescale draws them (``src/nodescale/data/split.py``)."""
-    n_val = min(max(round(n * val_fraction), 1), n - 1)
-    order = torch.randperm(n, generator=torch.Generator(device="cpu").manual_seed(seed))
-    val, _ = order[:n_val].sort()
-    train, _ = order[n_val:].sort()
-    return train, val
-
-
-def digits_pixels(seed: int = SEED) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(x_train, y_train, x_val, y_val)``: uint8 ``(N, 1, 8, 8)`` pixels and int64 labels."""
-    pixels, labels = read_digits()
-    x = torch.from_numpy(np.ascontiguousarray(pixels)).view(-1, 1, 8, 8)
-    y = torch.from_numpy(labels)
-    train, val = seeded_split(len(x), VAL_FRACTION, seed)
-    return x[train], y[train], x[val], y[val]
-
-
-def digits_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``digits_pixels`` with the inputs normalised once, as float32 (for the frameworks' DataLoaders)."""
-    x_train, y_train, x_val, y_val = digits_pixels()
-    return (x_train.float() / SCALE - MEAN) / STD, y_train, (x_val.float() / SCALE - MEAN) / STD, y_val
-
-
-def cosine_factor(step: int, total_steps: int) -> float:
-    """Multiplier of the peak lr before optimiser step ``step`` (0-based): nodescale's cosine, no warm-up."""
-    progress = min(1.0, step / max(1, total_steps))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def write_result(path: Path | None, result: dict[str, Any]) -> None:
-    """Print the result as one ``RESULT`` line and write it to ``path`` (rank 0 only calls this)."""
-    print("RESULT " + json.dumps(result), flush=True)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-
 
 # ------------------------------------------------------------------------------------ training
-def load(args: argparse.Namespace) -> tuple[nn.Module, list[torch.Tensor], tuple[float, tuple, tuple]]:
-    """The model, ``[x_train, y_train, x_val, y_val]`` and ``(scale, mean, std)`` of the inputs."""
-    if (args.model, args.dataset) == ("cnn", "digits"):
-        return build_model(args.seed), list(digits_pixels(args.seed)), (SCALE, (MEAN,), (STD,))
-    # Any other model and data: nodescale's builders (imported only here, see the docstring).
-    from nodescale.config.schema import DataSection, ModelSection
-    from nodescale.data.arrays import ArrayDataset
-    from nodescale.data.registry import get_format
-    from nodescale.models.registry import build_model as build_nodescale
-
-    splits = get_format(args.dataset).load(
-        DataSection(name=args.dataset, image_size=args.image_size, samples=args.samples), args.seed)
-    train, val = splits.train, splits.val
-    if not isinstance(train, ArrayDataset) or not isinstance(val, ArrayDataset):
-        raise SystemExit(f"raw_ddp.py needs an in-memory dataset; {args.dataset!r} is read from files")
-    torch.manual_seed(args.seed)
-    model = build_nodescale(ModelSection(name=args.model), splits.spec)
-    return model, [train.x, train.y, val.x, val.y], (train.scale, train.mean, train.std)
-
-
 def shard(num_samples: int, rank: int, world: int, order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's positions of ``order`` padded by wrapping around (DistributedSampler's), and the real-sample mask."""
     padded_length = math.ceil(num_samples / world) * world
@@ -214,23 +88,6 @@ def validate(model: nn.Module, x_val: torch.Tensor, y_val: torch.Tensor, normali
     return loss_sum / count, hits / count
 
 
-def sync(device: torch.device) -> None:
-    """Wait for queued device work; CPU ops are synchronous already."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timing(elapsed: float, timed_samples: int, timed_steps: int, device: torch.device) -> dict[str, Any]:
-    """Every rank: the timed steps' figures from the slowest rank's time (they are equal up to the
-    barrier) and all ranks' samples."""
-    slowest = torch.tensor([elapsed], dtype=torch.float64, device=device)
-    samples = torch.tensor([float(timed_samples)], dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    dist.all_reduce(samples)
-    return {"timed_steps": timed_steps, "timed_samples": int(samples.item()), "timed_seconds": slowest.item(),
-            "step_seconds": slowest.item() / timed_steps, "samples_per_second": samples.item() / slowest.item()}
-
-
 def ddp_bucket_sizes(ddp: DistributedDataParallel) -> list[int] | None:
     """DDP's gradient bucket sizes in bytes, as rebuilt after the first step (private API: None if absent)."""
     try:
@@ -239,35 +96,8 @@ def ddp_bucket_sizes(ddp: DistributedDataParallel) -> list[int] | None:
         return None
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="cnn", help="model (cnn: the copy here; others: nodescale's builder)")
-    parser.add_argument("--dataset", default="digits", help="in-memory dataset (digits: the copy here)")
-    parser.add_argument("--image-size", type=int, default=None, help="synthetic: image side (data.image_size)")
-    parser.add_argument("--samples", type=int, default=2048, help="synthetic: training samples (data.samples)")
-    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="samples per process per step")
-    parser.add_argument("--epochs", type=int, default=EPOCHS, help=f"passes over the training set (default {EPOCHS})")
-    parser.add_argument("--steps", type=int, default=None, help="optimiser steps in total, warm-up included "
-                        "(default: --epochs worth)")
-    parser.add_argument("--warmup-steps", type=int, default=0, help="first steps excluded from the timing")
-    parser.add_argument("--schedule", choices=("cosine", "constant"), default="cosine", help="learning rate")
-    parser.add_argument("--no-validate", dest="validate", action="store_false", help="no validation per epoch")
-    parser.add_argument("--lr", type=float, default=LR, help="AdamW learning rate (peak)")
-    parser.add_argument("--weight-decay", type=float, default=WEIGHT_DECAY, help="AdamW weight decay")
-    parser.add_argument("--bucket-cap-mb", type=float, default=None,
-                        help="DDP bucket_cap_mb; default: DDP's own (1 MiB first bucket, then 25 MiB)")
-    parser.add_argument("--seed", type=int, default=SEED, help="seed of the weights, the split and the data order")
-    parser.add_argument("--log-every", type=int, default=LOG_EVERY, help="steps between loss reductions (0: never)")
-    parser.add_argument("--device", choices=("auto", "cpu"), default="auto", help="auto: CUDA when there is one")
-    parser.add_argument("--json-out", type=Path, default=None, help="rank 0 writes the result here")
-    args = parser.parse_args(argv)
-    if args.steps is not None and args.steps <= args.warmup_steps:
-        parser.error(f"--steps ({args.steps}) must exceed --warmup-steps ({args.warmup_steps})")
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, make_parser(__doc__.split("\n\n")[0]))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.device == "auto" and torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -296,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         # even 25, makes every bucket that size.
         bucket_cap_mb=args.bucket_cap_mb,
     )
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                                  **({"fused": True} if device.type == "cuda" else {}))
+    optimizer = make_optimizer(args, ddp.parameters(), device)
     steps_per_epoch = math.ceil(math.ceil(len(x_train) / world) / args.batch_size)
     total_steps = args.steps or args.epochs * steps_per_epoch
     scheduler = None if args.schedule == "constant" else torch.optim.lr_scheduler.LambdaLR(
@@ -351,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             "side": "raw", "model": args.model, "dataset": args.dataset, "world_size": world,
             "batch_size_per_process": args.batch_size, "steps": step, "total_steps": total_steps,
             "timing_warmup_steps": args.warmup_steps, **timed,
-            "schedule": args.schedule, "val_loss": val_loss, "val_accuracy": val_accuracy,
+            "schedule": args.schedule, "optimizer": args.optimizer, "lr": args.lr,
+            "val_loss": val_loss, "val_accuracy": val_accuracy,
             "first_step_time": first_step_time, "end_time": time.time(),
             "bucket_cap_mb": args.bucket_cap_mb, "ddp_bucket_sizes": ddp_bucket_sizes(ddp),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
