@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -64,7 +65,7 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     ("afile/sub", "cannot be made: 'afile' is a file, not a directory"),
     ("x" * 300, "cannot be used: a name in the path is too long for the file system"),
     ("", "names no directory"),
-])
+], ids=["a-file-in-the-way", "a-300-character-name", "empty"])
 def test_a_path_that_cannot_be_a_run_directory_is_named_with_its_cause(
         out: str, rule: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # relative --out, and '' would be the current directory
@@ -122,6 +123,8 @@ def test_older_runs_are_recognised_by_their_files_and_a_new_run_is_marked_first(
     lock.release()
     assert os.listdir(tmp_path / "empty") == [MARKER]
     claim(tmp_path / "empty", resume=False).release()  # marked, with no run in it yet: still free
+    claim(tmp_path / "new" / "run", resume=False).release()
+    assert stat.S_IMODE((tmp_path / "new" / "run").stat().st_mode) & 0o027 == 0  # a job directory's 0750
 
 
 HOLD = """import sys
