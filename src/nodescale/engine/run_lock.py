@@ -54,6 +54,7 @@ class Holder:
     boot: str | None = None  # the kernel's boot id: after a reboot no process of before is alive
 
     def describe(self) -> str:
+        """``pid 4242 on host n1, job 77, since 2025-01-31 12:00:00``."""
         job = f", job {self.job}" if self.job else ""
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
         return f"pid {self.pid} on host {self.host}{job}, since {since}"
