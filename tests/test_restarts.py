@@ -94,4 +94,7 @@ def test_without_restarts_a_killed_rank_fails_fast_and_resume_continues(uninterr
 
     resumed = run_cli([*args, "--out", "run", "--resume"], cwd=tmp_path)
     assert "resumed from" in resumed.stdout
+    log = (tmp_path / "run" / "ranks.log").read_text().splitlines()  # every launch, each headed
+    assert "nodescale: worker processes failed: rank 1 exited with -9 (SIGKILL)" in log
+    assert sum(line.startswith("nodescale: launch at ") for line in log) == 3
     assert max_difference(final_weights(uninterrupted_two_rank_run.path), final_weights(tmp_path / "run")) == 0.0

@@ -20,6 +20,7 @@ from typing import Any
 from nodescale.bench import scaling_math
 from nodescale.bench.scaling_math import Mode
 from nodescale.bench.scaling_results import RUN_PREFIX, collect, read_summary, write_outputs
+from nodescale.engine.run_dir import make_run_dir
 from nodescale.errors import UserError
 
 # Settings nodescale bench scaling decides for every run; the user may not override them after --.
@@ -111,7 +112,7 @@ def run_world_size(plan: ScalingPlan, world_size: int) -> dict[str, Any]:
     raises :class:`TrainingFailed`.
     """
     run_dir = plan.run_dir(world_size)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_dir)  # marked as nodescale's before train.log goes in: the child's run directory
     log = run_dir / "train.log"
     command = [sys.executable, "-m", "nodescale", *plan.train_argv(world_size)]
     with open(log, "w", encoding="utf-8") as handle:

@@ -136,7 +136,7 @@ def _check_plan(plan: Any, extra: list[str]) -> None:
 
 
 def _check_out(plan: Any) -> None:
-    from nodescale.train.rundir import run_files_in
+    from nodescale.engine.run_dir import run_files_in
 
     used = [plan.run_dir(n) for n in plan.world_sizes if run_files_in(plan.run_dir(n))]
     if used:

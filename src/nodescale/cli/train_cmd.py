@@ -89,7 +89,8 @@ def _run_here(cfg: RunConfig) -> int:
     from nodescale.atomic_files import write_text_atomic
     from nodescale.config.load import dump_yaml
     from nodescale.data.registry import get_format
-    from nodescale.train.rundir import check_run_dir, default_run_dir
+    from nodescale.engine.run_dir import check_run_dir, held_for_workers
+    from nodescale.train.rundir import default_run_dir
 
     # Everything that can be checked without processes is checked here, so a
     # typo costs a second, not a job start-up.
@@ -119,8 +120,10 @@ def _run_here(cfg: RunConfig) -> int:
     from nodescale.launch.schedulers.local_launcher import launch_local
 
     # The workers' copy of the configuration; rank 0 writes the run's config.yaml itself
-    # once training is sure to start (a refused --resume must not overwrite it).
-    with tempfile.TemporaryDirectory(prefix="nodescale-launch-") as handoff:
+    # once training is sure to start (a refused --resume must not overwrite it). The launcher
+    # holds the run directory across restarts, and its ranks.log goes there.
+    with tempfile.TemporaryDirectory(prefix="nodescale-launch-") as handoff, \
+            held_for_workers(Path(cfg.out), cfg.checkpoint.resume):
         config_path = Path(handoff) / "config.yaml"
         write_text_atomic(config_path, dump_yaml(cfg))
         sys.stdout.flush()

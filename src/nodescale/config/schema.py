@@ -215,6 +215,14 @@ class RunConfig(Section):
     observe: ObserveSection = Field(default_factory=ObserveSection)
     out: Path | None = Field(None, description="run directory; default runs/<model>-<dataset>-<time>")
 
+    @field_validator("out", mode="before")
+    @classmethod
+    def _out_names_a_directory(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():  # Path("") is ".": the current directory, unasked
+            raise UserError(f"--out {value!r}", "names no directory",
+                            "give one, e.g. --out runs/mine (--out . means the current directory)")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _dataset_epochs(cls, values: Any) -> Any:

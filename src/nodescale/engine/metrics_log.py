@@ -6,9 +6,11 @@ import json
 import time
 import warnings
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, TextIO
 
+from nodescale.engine.file_errors import file_error
 from nodescale.observe.sink import Sink, Status
 
 
@@ -34,12 +36,18 @@ class MetricsLog:
             sink.start(config, resumed)
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append ``record``; a file that cannot be written (a full disk) is a UserError naming it."""
         if not self.enabled:
             return
-        if self._handle is None:
-            self._handle = open(self.path, "a", buffering=1)  # line-buffered: whole lines
         stamped = {"time": round(time.time(), 3), **record}
-        self._handle.write(json.dumps(stamped) + "\n")
+        try:
+            if self._handle is None:
+                self._handle = open(self.path, "a", buffering=1)  # line-buffered: whole lines
+            self._handle.write(json.dumps(stamped) + "\n")
+        except OSError as error:
+            self._give_up()
+            raise file_error(f"metrics file {self.path}", self.path, error, "check the file system",
+                             "the checkpoints so far are whole, and the run resumes from them") from error
         began = time.perf_counter()
         for sink in list(self.sinks):
             try:
@@ -53,6 +61,14 @@ class MetricsLog:
                 except Exception:  # noqa: BLE001
                     pass
         self.sink_seconds += time.perf_counter() - began
+
+    def _give_up(self) -> None:
+        """No more writes: what is still buffered would only fail again on close."""
+        self.enabled = False
+        if self._handle is not None:
+            with suppress(OSError):
+                self._handle.close()
+            self._handle = None
 
     def close(self, summary: dict[str, Any] | None = None, status: Status = "finished") -> None:
         """Finish every sink (``summary``: the run's summary.json, None if it has none) and close the file."""

@@ -26,8 +26,11 @@ from nodescale.data.epoch_loader import EpochLoader
 from nodescale.distributed.process_group import Runtime, barrier, sum_over_replicas
 from nodescale.distributed.watchdog import start_watchdog
 from nodescale.engine.device import peak_memory_bytes, synchronize
+from nodescale.engine.file_errors import reported
 from nodescale.engine.metrics_log import MetricsLog
 from nodescale.engine.preemption import StopRequest, stop_check_interval, write_requeue_file
+from nodescale.engine.run_dir import claim_together
+from nodescale.engine.run_lock import RunLock
 from nodescale.engine.summary import EvalResult, Timing, gather_summary
 from nodescale.engine.work import SampleWork
 from nodescale.errors import UserError
@@ -47,6 +50,9 @@ class RunRecord:
     def __init__(self, cfg: RunConfig, runtime: Runtime, started: float, library: bool = True) -> None:
         self.cfg, self.runtime, self.started, self.library = cfg, runtime, started, library
         self.run_dir: Path | None = cfg.out
+        self.lock: RunLock | None = None
+        if library:  # a script resumes whatever its directory holds: no --resume to ask for
+            self.claim(resume=True, flag="out=")
         self.metrics: MetricsLog | None = None
         self.watchdog = start_watchdog(runtime, cfg.train.heartbeat_timeout_s)
         self.stop: StopRequest | None = None if library else self._stop_request()
@@ -71,13 +77,19 @@ class RunRecord:
         if library:
             self.open(resumed=self.run_dir is not None and (self.run_dir / "checkpoints").is_dir())
 
+    def claim(self, resume: bool, flag: str = "--out") -> None:
+        """Every rank: the run directory is this run's until :meth:`close` (:mod:`nodescale.engine.run_dir`)."""
+        if self.run_dir is not None:
+            self.lock = claim_together(self.run_dir, self.runtime, resume, flag)
+
     def open(self, resumed: bool) -> None:
         """Rank 0 writes config.yaml, and the metric loggers start (with a run directory)."""
         if self.run_dir is None:
             return
         if self.runtime.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self.run_dir / "config.yaml", dump_yaml(self.cfg))
+            config = self.run_dir / "config.yaml"
+            with reported(f"{config}", config, "check the file system"):
+                write_text_atomic(config, dump_yaml(self.cfg))
         sinks = make_sinks(self.cfg.observe, self.run_dir) if self.runtime.is_main else []
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", self.runtime.is_main, sinks)
         self.metrics.start(self.cfg.model_dump(mode="json"), resumed=resumed)
@@ -217,7 +229,10 @@ class RunRecord:
         if summary and self.run_dir is not None:
             result = self.summary(model_name)
             if self.runtime.is_main:
-                write_json_atomic(self.run_dir / "summary.json", result)
+                path = self.run_dir / "summary.json"
+                with reported(f"{path}", path, "check the file system",
+                              "the checkpoints so far are whole, and the run resumes from them"):
+                    write_json_atomic(path, result)
             barrier(self.runtime)
         self.close(wait=True, status="finished" if summary else "stopped", summary=result)
         return result
@@ -260,6 +275,9 @@ class RunRecord:
         if self.metrics is not None:
             self.metrics.close(summary, status)  # type: ignore[arg-type]
             self.metrics = None
+        if self.lock is not None:  # the last: nothing of this run is written after it
+            self.lock.release()
+            self.lock = None
 
 
 def _number(value: Any) -> float:

@@ -50,6 +50,8 @@ def run_config(world_size: int, out: str | Path | None, options: dict[str, Any])
     for name, value in values.items():
         section, key = _KEYS[name]
         tree.setdefault(section, {})[key] = value
+    if isinstance(out, str) and not out.strip():  # Path("") is ".": the current directory, unasked
+        raise UserError(f"nodescale.init(out={out!r})", "names no directory", 'give one, e.g. out="runs/mine"')
     if out is not None:
         tree["out"] = Path(out).absolute()
     try:

@@ -13,9 +13,10 @@ launchers report, in a labelled log (:mod:`nodescale.launch.rank_logs`):
 - ties (torchrun's times have one-second steps) go to the rank whose traceback came first: a
   rank's traceback is printed before it exits, so before its peers can notice.
 
-A job that restarted its step (``launch --max-restarts``) holds every attempt in its log: only
-the lines after the last ``nodescale: restart N of M`` line of each file count (the Slurm loop
-writes that line to the .err file too). PBS's mpiexec labels say no host: the job script's
+A job that restarted its step (``launch --max-restarts``) holds every attempt in its log, and a
+local ``ranks.log`` every launch of its run (a ``--resume``): only the lines from the last
+``nodescale: restart N of M`` or ``nodescale: launch at`` line of each file on count (the Slurm
+loop writes the restart line to the .err file too). PBS's mpiexec labels say no host: the job script's
 ``nodescale: mpiexec places P task(s) on each host, in this order: H1 H2 ...`` line does.
 
 ``python -m nodescale.launch.first_failure JOB LOG...`` prints the summary; the job scripts
@@ -38,7 +39,7 @@ _SRUN = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.*)$")
 _SRUN_CODE = re.compile(r"Exited with exit code (\d+)")
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*?)\s*$")
 # Lines the job scripts print (nodescale.launch.restarts, nodescale.launch.rank_labels).
-_RESTART = re.compile(r"^nodescale: restart \d+ of \d+")
+_ATTEMPT = re.compile(r"^nodescale: (?:restart \d+ of \d+|launch at )")
 _PLACEMENT = re.compile(r"^nodescale: (?:mpiexec|the local launcher) places (\d+) task\(s\) on each host, "
                         r"in this order: (.*)$")
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\b\w*(Error|Exception): |^nodescale: .*error")
@@ -111,14 +112,15 @@ def torchrun_reports(lines: Sequence[Line]) -> list[Failure]:
 
 
 def last_attempt(raws: list[str]) -> list[str]:
-    """One log file's lines from the last restart of the step on (all of them where it never restarted)."""
-    starts = [index for index, raw in enumerate(raws) if _RESTART.match(raw)]
+    """One log file's lines from the last restart or launch on (all of them where there was one attempt)."""
+    starts = [index for index, raw in enumerate(raws) if _ATTEMPT.match(raw)]
     return raws[starts[-1]:] if starts else raws
 
 
 def placed_hosts(raws: Sequence[str]) -> dict[int, str]:
-    """Each mpiexec task's host, from the PBS script's placement line (blocks of P tasks per host)."""
-    for raw in raws:
+    """Each task's host, from the last placement line (blocks of P tasks per host): the PBS script's, or the
+    local launcher's in ranks.log, which heads each launch."""
+    for raw in reversed(raws):
         match = _PLACEMENT.match(raw)
         if match:
             per_host = int(match[1])

@@ -29,8 +29,8 @@ def create_script(path: Path) -> int:
 
 
 def open_log(path: Path) -> IO[str]:
-    """``path`` emptied for writing (created ``LOG_MODE``); an older log's extra permissions are taken away."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, LOG_MODE)
+    """``path`` opened to append to (created ``LOG_MODE``); an older log's extra permissions are taken away."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, LOG_MODE)
     mode = stat.S_IMODE(os.fstat(fd).st_mode)
     if mode & ~LOG_MODE:
         try:

@@ -35,7 +35,7 @@ from nodescale.train.loss import make_loss
 from nodescale.train.math_settings import configure_math
 from nodescale.train.observers import Observers
 from nodescale.train.optim import make_optimizer, make_scheduler
-from nodescale.train.rundir import check_run_dir, default_run_dir
+from nodescale.train.rundir import default_run_dir
 from nodescale.train.work import describe, language_model_work
 
 
@@ -101,9 +101,7 @@ def _agree_run_dir(cfg: RunConfig, runtime: Runtime) -> Path:
 
 def _train(ctx: Context, observers: Observers) -> dict[str, Any]:
     cfg, runtime, run_dir = ctx.cfg, ctx.runtime, ctx.out
-    if runtime.is_main:
-        check_run_dir(run_dir, cfg.checkpoint.resume)
-        run_dir.mkdir(parents=True, exist_ok=True)
+    ctx.record.claim(cfg.checkpoint.resume)  # rank 0 (or the launcher) owns the directory until the end
     console = Console(runtime.is_main, cfg.train.progress)
     configure_math(cfg.train, runtime.device)  # cuDNN autotuning and TF32, before any model exists
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank

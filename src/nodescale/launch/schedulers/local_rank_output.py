@@ -17,6 +17,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from contextlib import suppress
 from pathlib import Path
 from typing import IO
@@ -112,9 +113,12 @@ class RankOutput:
 
 
 def open_log(directory: Path, nproc: int) -> IO[str]:
-    """``DIRECTORY/ranks.log``, emptied (it holds the last local launch's lines), with the ranks' host."""
+    """``DIRECTORY/ranks.log``, appended to, this launch headed: a resumed run keeps the crash that caused it."""
     make_job_dir(directory)
     log = open_job_log(directory / LOG_NAME)
+    # The failure summary reads from the last head or restart line on (first_failure.last_attempt).
+    note(log, f"nodescale: launch at {time.strftime('%Y-%m-%d %H:%M:%S')} by pid {os.getpid()} "
+              f"on {socket.gethostname()}")
     # The failure summary names a failed rank's host from this line (first_failure.placed_hosts).
     note(log, f"nodescale: the local launcher places {nproc} task(s) on each host, in this order: "
               f"{socket.gethostname()}")
