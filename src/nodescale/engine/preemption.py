@@ -7,6 +7,9 @@ at a time; torchrun's workers may see it before their agent). The all-reduce run
 of its own over a CPU tensor, so under NCCL it costs no device synchronisation, and it is
 asynchronous: started at one boundary, waited for at the next, so the check never waits on the
 network in the step's critical path. The price is one more step before stopping.
+
+Under nodescale's local launcher SIGTERM is also the signal of the launcher's death; a rank
+then ends at once instead (:mod:`nodescale.launcher_death`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nodescale.launcher_death import end_with_launcher, launcher_gone, watch_launcher
 from nodescale.stop_signals import REQUEUE_FILE_VARIABLE, requeue_marker
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,8 @@ class StopRequest:
         self.agreed_signal = 0  # the signal every rank agreed to stop on (0: none yet)
         self._previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
+            if signals:
+                watch_launcher()  # the handlers catch the launcher's death signal: watch for its death instead
             for sig in signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         elif signals:
@@ -48,6 +54,8 @@ class StopRequest:
         self._pending: tuple[Any, torch.Tensor] | None = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if launcher_gone():  # the launcher's death signal, not a stop request: no one is left to stop for
+            end_with_launcher()
         # Only a flag: the step in progress finishes, and everything else happens at its end.
         self.received = signum
 

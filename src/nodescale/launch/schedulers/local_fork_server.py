@@ -35,6 +35,7 @@ from contextlib import suppress
 from typing import NamedTuple, NoReturn
 
 from nodescale.launch.schedulers.local_worker_group import die_with_parent, name_process
+from nodescale.launcher_death import PARENT_VARIABLE
 
 
 class PythonModule(NamedTuple):
@@ -177,6 +178,7 @@ def _become_rank(rank_env: Mapping[str, str], spec: Mapping[str, object], server
         for fd in outputs:
             os.close(fd)
     os.environ.update(rank_env)
+    os.environ[PARENT_VARIABLE] = str(server)  # the rank dies with the server, not with the launcher
     # /proc/PID/environ keeps the server's variables, without RANK: the name tells the ranks apart.
     name_process(f"nodescale-r{os.environ.get('RANK', '')}")
     module, args = str(spec["module"]), list(spec["args"])  # type: ignore[call-overload]
