@@ -35,6 +35,7 @@ from contextlib import suppress
 from typing import NamedTuple, NoReturn
 
 from nodescale.launch.schedulers.local_worker_group import die_with_parent, name_process
+from nodescale.launch.schedulers.temp_files import remove_at_exit
 from nodescale.launcher_death import PARENT_VARIABLE
 
 
@@ -69,6 +70,7 @@ class ForkServer:
                 "output_fds": list(output_fds)}  # each rank's stdout and stderr, where they are labelled
         # A file, not an argument: one argument holds at most 128 KiB, some 200 ranks' variables.
         handle, spec_path = tempfile.mkstemp(prefix="nodescale-fork-", suffix=".json")
+        remove_at_exit(spec_path)  # the server removes it once read, unless the launcher dies first
         with os.fdopen(handle, "w") as spec_file:
             json.dump(spec, spec_file)
         try:
