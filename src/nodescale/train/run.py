@@ -27,7 +27,7 @@ from nodescale.launch.schedulers.local_launcher import current_restart
 from nodescale.models.activation_checkpointing import apply_activation_checkpointing
 from nodescale.strategies import make_strategy
 from nodescale.train.build_model import build_for_run
-from nodescale.train.collective_faults import CollectiveFault, LeftAfterCollectiveFault, end_process_now, explain
+from nodescale.train.collective_faults import LeftAfterCollectiveFault, end_process_now, explain
 from nodescale.train.console import Console
 from nodescale.train.loop import train
 from nodescale.train.loss import make_loss
@@ -60,9 +60,11 @@ def run_training(cfg: RunConfig, env: DistEnv | None = None) -> dict[str, Any]:
     except BaseException as exc:  # ctx.exit_for_requeue's SystemExit too: the context is closed then
         observers.abort()
         ctx.__exit__(type(exc), exc, None)  # another rank may never reach a barrier now: leave without one
-        if isinstance(exc, CollectiveFault):  # another rank's fault: say so, without this rank's traceback
-            print(exc.message, file=sys.stderr, flush=True)
-            raise LeftAfterCollectiveFault(exc.exit_code) from None
+        # Start-up's collectives (DDP's first broadcast, a resume's agreement) as the steps' ones.
+        fault = explain(exc, runtime.rank, ctx.global_step, cfg.strategy.timeout_s)
+        if fault is not None:  # another rank's fault: say so, without this rank's traceback
+            print(fault.message, file=sys.stderr, flush=True)
+            raise LeftAfterCollectiveFault(fault.exit_code) from None
         raise
 
 
@@ -134,14 +136,8 @@ def _train(ctx: Context, observers: Observers) -> dict[str, Any]:
     ctx.record.open(resumed=ctx.global_step > 0)  # after a resume was accepted: a refused one leaves the settings
 
     profiler = observers.start(ctx.global_step)
-    try:
-        evaluation = train(ctx, cfg, model, optimizer, scheduler, loader, val_loader,
-                           make_loss(cfg.train.loss, spec.task), spec.task, total_steps, console, profiler)
-    except RuntimeError as exc:
-        fault = explain(exc, runtime.rank, ctx.global_step, cfg.strategy.timeout_s)
-        if fault is None:
-            raise
-        raise fault from exc
+    evaluation = train(ctx, cfg, model, optimizer, scheduler, loader, val_loader,
+                       make_loss(cfg.train.loss, spec.task), spec.task, total_steps, console, profiler)
     ctx.record.last_values.update(val_loss=evaluation.loss, val_accuracy=evaluation.accuracy,
                                   val_samples=evaluation.samples)
     ctx.record.summary_extra.update(observers.stop(console))
