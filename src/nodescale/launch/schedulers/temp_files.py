@@ -15,12 +15,20 @@ import sys
 from contextlib import suppress
 from pathlib import Path
 
-# The helper: paths arrive NUL-terminated until the launcher's end closes the pipe, then go.
+# The helper: paths arrive NUL-terminated until the launcher's end closes the pipe, then go. Signals sent
+# to every process of a job step (a scheduler's warning, its stop) must not end it before then.
 _HELPER = """
-import os, shutil, sys
-for path in sys.stdin.buffer.read().split(b"\\0"):
-    if path:
-        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.path.exists(path) and os.unlink(path)
+import os, shutil, signal, sys
+for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"):
+    signal.signal(getattr(signal, name), signal.SIG_IGN)
+for path in filter(None, sys.stdin.buffer.read().split(b"\\0")):
+    try:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:  # removed already, by the launcher's own end
+        pass
 """
 
 # The pid of the process it serves, the pipe's write end and the helper (kept: it is never waited for).
