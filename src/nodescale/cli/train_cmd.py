@@ -118,12 +118,14 @@ def _run_here(cfg: RunConfig) -> int:
     import tempfile
 
     from nodescale.launch.schedulers.local_launcher import launch_local
+    from nodescale.launch.schedulers.temp_files import remove_at_exit
 
     # The workers' copy of the configuration; rank 0 writes the run's config.yaml itself
     # once training is sure to start (a refused --resume must not overwrite it). The launcher
     # holds the run directory across restarts, and its ranks.log goes there.
     with tempfile.TemporaryDirectory(prefix="nodescale-launch-") as handoff, \
             held_for_workers(Path(cfg.out), cfg.checkpoint.resume):
+        remove_at_exit(handoff)  # also when this launcher is killed outright
         config_path = Path(handoff) / "config.yaml"
         write_text_atomic(config_path, dump_yaml(cfg))
         sys.stdout.flush()

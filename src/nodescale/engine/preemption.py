@@ -8,6 +8,9 @@ of its own over a CPU tensor, so under NCCL it costs no device synchronisation, 
 asynchronous: started at one agreement, waited for at the next, so the check never waits on the
 network in the step's critical path. Agreements come every step until the timing warm-up ends, then
 every :func:`stop_check_interval` steps (about :data:`STOP_CHECK_SECONDS`): a stop comes within two.
+
+Under nodescale's local launcher SIGTERM is also the signal of the launcher's death; a rank
+then ends at once instead (:mod:`nodescale.launcher_death`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from nodescale.distributed.process_group import Runtime
+from nodescale.launcher_death import end_with_launcher, launcher_gone, watch_launcher
 from nodescale.stop_signals import REQUEUE_FILE_VARIABLE, requeue_marker
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,8 @@ class StopRequest:
         self.agreed_signal = 0  # the signal every rank agreed to stop on (0: none yet)
         self._previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
+            if signals:
+                watch_launcher()  # the handlers catch the launcher's death signal: watch for its death instead
             for sig in signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         elif signals:
@@ -50,6 +56,8 @@ class StopRequest:
         self._pending: tuple[Any, torch.Tensor] | None = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if launcher_gone():  # the launcher's death signal, not a stop request: no one is left to stop for
+            end_with_launcher()
         # Only a flag: the step in progress finishes, and everything else happens at its end.
         self.received = signum
 

@@ -35,6 +35,8 @@ from contextlib import suppress
 from typing import NamedTuple, NoReturn
 
 from nodescale.launch.schedulers.local_worker_group import die_with_parent, name_process
+from nodescale.launch.schedulers.temp_files import remove_at_exit
+from nodescale.launcher_death import PARENT_VARIABLE
 
 
 class PythonModule(NamedTuple):
@@ -68,6 +70,7 @@ class ForkServer:
                 "output_fds": list(output_fds)}  # each rank's stdout and stderr, where they are labelled
         # A file, not an argument: one argument holds at most 128 KiB, some 200 ranks' variables.
         handle, spec_path = tempfile.mkstemp(prefix="nodescale-fork-", suffix=".json")
+        remove_at_exit(spec_path)  # the server removes it once read, unless the launcher dies first
         with os.fdopen(handle, "w") as spec_file:
             json.dump(spec, spec_file)
         try:
@@ -177,6 +180,7 @@ def _become_rank(rank_env: Mapping[str, str], spec: Mapping[str, object], server
         for fd in outputs:
             os.close(fd)
     os.environ.update(rank_env)
+    os.environ[PARENT_VARIABLE] = str(server)  # the rank dies with the server, not with the launcher
     # /proc/PID/environ keeps the server's variables, without RANK: the name tells the ranks apart.
     name_process(f"nodescale-r{os.environ.get('RANK', '')}")
     module, args = str(spec["module"]), list(spec["args"])  # type: ignore[call-overload]

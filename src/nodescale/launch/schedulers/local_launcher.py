@@ -119,10 +119,12 @@ def launch_local(command: Sequence[str], nproc: int, max_restarts: int = 0, stor
 def _launch_local(command: Sequence[str], nproc: int, max_restarts: int, store_process: bool,
                   preload: Sequence[str], output: Callable[[], RankOutput | None], note: Callable[[str], None]) -> int:
     from nodescale.launch.schedulers.local_worker_group import run_worker_group
+    from nodescale.launch.schedulers.temp_files import remove_at_exit
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nproc)))
     restart: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="nodescale-errors-") as error_dir:
+        remove_at_exit(error_dir)  # also when this launcher is killed outright
         # Rank 0's requeue marker: the job script's where one runs this launcher, else one of its own.
         marker = Path(os.environ.get(REQUEUE_FILE_VARIABLE, "").strip() or Path(error_dir, "requeue"))
         for attempt in range(max_restarts + 1):

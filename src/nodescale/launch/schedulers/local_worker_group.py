@@ -15,7 +15,8 @@ torchrun. What it keeps from torch's agent:
 
 Beyond it: on Linux each worker dies with the launcher (``PR_SET_PDEATHSIG``), so a launcher
 killed outright (OOM killer, ``kill -9``) leaves no rank hanging in a collective: they get SIGTERM
-then, as if the launcher had been stopped.
+then, and nodescale's ranks, whose stop handler catches it, see their launcher gone and end
+(:mod:`nodescale.launcher_death`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from nodescale.distributed.env import LOOPBACK
 from nodescale.distributed.ports import free_port, listening_socket
 from nodescale.errors import program_not_found
 from nodescale.launch.schedulers import local_store_server
+from nodescale.launcher_death import child_variables
 
 if TYPE_CHECKING:
     from nodescale.launch.schedulers.local_fork_server import ForkedWorker
@@ -128,7 +130,8 @@ def run_worker_group(command: Sequence[str], nproc: int, extra_env: Mapping[str,
     else:
         port = free_port(LOOPBACK)
     base = {**os.environ, **(extra_env or {})}
-    envs = [worker_environment(base, rank, nproc, port, run_id, {}, store_process) for rank in range(nproc)]
+    envs = [worker_environment(base, rank, nproc, port, run_id, child_variables(), store_process)
+            for rank in range(nproc)]
     module = as_python_module(command) if preload else None
 
     def stop(signum: int, frame: FrameType | None) -> None:
