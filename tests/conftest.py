@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -95,6 +97,33 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     from nodescale.train.export import consolidated_model_state, resolve
 
     return consolidated_model_state(resolve(run_dir))
+
+
+def weights_as_saved(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The model state in the files of ``checkpoint`` (a full file, a DCP or a DeepSpeed directory), read by
+    the libraries' own loaders, not nodescale's (``final_weights``): what an export must equal."""
+    if checkpoint.is_file():
+        return dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["model"])
+    if (checkpoint / ".metadata").is_file():
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        reader = dcp.FileSystemReader(checkpoint)
+        entries = reader.read_metadata().state_dict_metadata
+        # Whole tensors of the saved sizes: DCP reads every shard's piece into them (no process group).
+        state = {key: torch.empty(meta.size, dtype=meta.properties.dtype) for key, meta in entries.items()
+                 if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
+        with warnings.catch_warnings():  # that it assumes one process: it is right
+            warnings.filterwarnings("ignore", message=r".*torch\.distributed is disabled.*")
+            dcp.load(state, storage_reader=reader, no_dist=True)
+        return {key.removeprefix("model."): tensor for key, tensor in state.items()}
+    from nodescale.strategies.deepspeed import TAG, import_deepspeed
+
+    import_deepspeed("cpu")  # the accelerator it runs on; the files are read by DeepSpeed alone
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=TAG))
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
