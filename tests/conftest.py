@@ -84,6 +84,23 @@ def once_more_if_torch_crashed(
     return attempt(2)
 
 
+def observed_model(model: str, shape: tuple[int, ...], record: Path, watch: list[str], **settings: Any) -> list[str]:
+    """``--model`` flags for nodescale's ``model`` (for samples of ``shape``, 10 classes) built through
+    tests/user_code/observed.py, which records each forward of the ``watch`` modules in ``record``."""
+    flags = ["--model", f"{REPO / 'tests' / 'user_code' / 'observed.py'}:build"]
+    values = {"model": model, "shape": list(shape), "record": str(record), "watch": watch, **settings}
+    for key, value in values.items():
+        flags += ["--set", f"model.args.{key}={json.dumps(value)}"]
+    return flags
+
+
+def observed_forwards(record: Path) -> dict[int, list[dict[str, Any]]]:
+    """rank -> the forwards of its watched modules, in order: module, training (with gradients), and the
+    dtypes of input, weight and output (tests/user_code/observed.py)."""
+    return {int(path.stem.removeprefix("rank-")): [json.loads(line) for line in path.read_text().splitlines()]
+            for path in sorted(record.glob("rank-*.jsonl"))}
+
+
 def read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 
