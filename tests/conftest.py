@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -82,6 +84,23 @@ def once_more_if_torch_crashed(
     return attempt(2)
 
 
+def observed_model(model: str, shape: tuple[int, ...], record: Path, watch: list[str], **settings: Any) -> list[str]:
+    """``--model`` flags for nodescale's ``model`` (for samples of ``shape``, 10 classes) built through
+    tests/user_code/observed.py, which records each forward of the ``watch`` modules in ``record``."""
+    flags = ["--model", f"{REPO / 'tests' / 'user_code' / 'observed.py'}:build"]
+    values = {"model": model, "shape": list(shape), "record": str(record), "watch": watch, **settings}
+    for key, value in values.items():
+        flags += ["--set", f"model.args.{key}={json.dumps(value)}"]
+    return flags
+
+
+def observed_forwards(record: Path) -> dict[int, list[dict[str, Any]]]:
+    """rank -> the forwards of its watched modules, in order: module, training (with gradients), and the
+    dtypes of input, weight and output (tests/user_code/observed.py)."""
+    return {int(path.stem.removeprefix("rank-")): [json.loads(line) for line in path.read_text().splitlines()]
+            for path in sorted(record.glob("rank-*.jsonl"))}
+
+
 def read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -95,6 +114,33 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     from nodescale.train.export import consolidated_model_state, resolve
 
     return consolidated_model_state(resolve(run_dir))
+
+
+def weights_as_saved(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The model state in the files of ``checkpoint`` (a full file, a DCP or a DeepSpeed directory), read by
+    the libraries' own loaders, not nodescale's (``final_weights``): what an export must equal."""
+    if checkpoint.is_file():
+        return dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["model"])
+    if (checkpoint / ".metadata").is_file():
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        reader = dcp.FileSystemReader(checkpoint)
+        entries = reader.read_metadata().state_dict_metadata
+        # Whole tensors of the saved sizes: DCP reads every shard's piece into them (no process group).
+        state = {key: torch.empty(meta.size, dtype=meta.properties.dtype) for key, meta in entries.items()
+                 if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
+        with warnings.catch_warnings():  # that it assumes one process: it is right
+            warnings.filterwarnings("ignore", message=r".*torch\.distributed is disabled.*")
+            dcp.load(state, storage_reader=reader, no_dist=True)
+        return {key.removeprefix("model."): tensor for key, tensor in state.items()}
+    from nodescale.strategies.deepspeed import TAG, import_deepspeed
+
+    import_deepspeed("cpu")  # the accelerator it runs on; the files are read by DeepSpeed alone
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=TAG))
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -1,13 +1,14 @@
-"""--activation-checkpointing: fewer activations kept, the same weights and BatchNorm statistics."""
+"""--activation-checkpointing: fewer activations kept, recomputed in the ranks, the same weights and statistics."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import final_weights, read_summary, run_cli
+from conftest import final_weights, observed_forwards, observed_model, read_summary, run_cli
 
 
 def saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
@@ -48,18 +49,32 @@ def test_checkpointed_blocks_keep_fewer_activations_and_recompute_them() -> None
         assert torch.equal(a, b), name  # running statistics updated once, not twice
 
 
+# The stem's convolution runs once a step; the first block's, inside a checkpointed block, once more in backward.
+WATCH = ["conv1", "layer1.0.conv1"]
+
+
 @pytest.mark.multiproc
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_training_with_checkpointing_ends_bit_identical(strategy: str, tmp_path: Path) -> None:
-    args = ["train", "--model", "resnet18", "--dataset", "synthetic", "--set", "data.image_size=16",
-            "--set", "data.samples=64", "--batch-size", "8", "--max-steps", "3", "--optimizer", "sgd",
-            "--strategy", strategy, "--nproc", "2", "--no-progress"]
-    run_cli([*args, "--out", "plain"], cwd=tmp_path)
-    run_cli([*args, "--activation-checkpointing", "--out", "checkpointed"], cwd=tmp_path)
+    steps = 3
+    args = ["train", "--dataset", "synthetic", "--set", "data.image_size=16", "--set", "data.samples=64",
+            "--batch-size", "8", "--max-steps", str(steps), "--optimizer", "sgd", "--strategy", strategy,
+            "--nproc", "2", "--no-progress"]
+    for run, flags in (("plain", []), ("checkpointed", ["--activation-checkpointing"])):
+        # nodescale's resnet18, its forwards recorded on each rank
+        model = observed_model("resnet18", (3, 16, 16), tmp_path / f"{run}-forwards", WATCH)
+        run_cli([*args, *model, *flags, "--out", run], cwd=tmp_path)
     plain, checkpointed = final_weights(tmp_path / "plain"), final_weights(tmp_path / "checkpointed")
     assert plain.keys() == checkpointed.keys()
     assert all(torch.equal(plain[k], checkpointed[k]) for k in plain)  # BatchNorm buffers included
     assert read_summary(tmp_path / "checkpointed")["val_loss"] == read_summary(tmp_path / "plain")["val_loss"]
+    # The flag took effect in the ranks: each step's backward ran the checkpointed block's forward again.
+    for run, block_forwards in (("plain", steps), ("checkpointed", 2 * steps)):
+        forwards = observed_forwards(tmp_path / f"{run}-forwards")
+        assert sorted(forwards) == [0, 1]
+        for rank, lines in forwards.items():
+            trained = Counter(line["module"] for line in lines if line["training"])
+            assert trained == {"conv1": steps, "layer1.0.conv1": block_forwards}, (run, rank, trained)
 
 
 def test_a_model_without_blocks_is_refused(tmp_path: Path) -> None:

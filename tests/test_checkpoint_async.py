@@ -102,7 +102,9 @@ def test_a_job_killed_during_a_background_save_resumes_from_the_previous_checkpo
     assert result.stdout.count("step 6 taken while step 4 was being written") == 2, result.stdout + result.stderr
     directory = checkpoint_files.checkpoint_dir(tmp_path / "run")
     partial = checkpoint_files.partial_dir(tmp_path / "run", 4)
-    assert list(partial.glob("*.distcp")), sorted(p.name for p in directory.iterdir())
+    # Each rank was killed once its own shard was written and stuck in its fsync (the script waits for that).
+    shards = sorted(p.name for p in partial.glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"], sorted(p.name for p in directory.iterdir())
     assert not (partial / manifest.DIRECTORY_MANIFEST).exists()
     assert not checkpoint_files.sharded_checkpoint_path(tmp_path / "run", 4).exists()
     state, path = checkpoint_files.load_newest(tmp_path / "run")

@@ -19,7 +19,7 @@ import yaml
 
 from conftest import cli_env, final_weights, free_port, max_difference, read_summary, run_cli
 from nodescale.strategies.deepspeed import TAG, import_deepspeed
-from test_fsdp import BF16_MODELS, plain_model
+from test_fsdp import BF16_MODELS, Bf16Case, check_bf16_forwards, plain_model
 from test_hardening import Payload, seal
 
 pytestmark = pytest.mark.multiproc
@@ -179,12 +179,14 @@ def test_mpiexec_starts_deepspeed_ranks(equivalence_runs: dict[str, Path]) -> No
 
 
 # BatchNorm: DeepSpeed's autocast; none: a bf16 engine (the vit on small data, as in test_fsdp.py)
-@pytest.mark.parametrize(("model", "data"), BF16_MODELS)
-def test_zero_trains_in_bf16(model: str, data: list[str], tmp_path: Path) -> None:
-    run_cli(["train", "--strategy", "deepspeed", "--zero-stage", "3", "--precision", "bf16", "--model", model, *data,
-             "--batch-size", "8", "--max-steps", "3", "--no-progress", "--out", "run"], cwd=tmp_path)
+@pytest.mark.parametrize("case", BF16_MODELS)
+def test_zero_trains_in_bf16(case: Bf16Case, tmp_path: Path) -> None:
+    run_cli(["train", "--strategy", "deepspeed", "--zero-stage", "3", "--precision", "bf16",
+             *case.flags(tmp_path / "forwards"), "--batch-size", "8", "--max-steps", "3", "--no-progress", "--out",
+             "run"], cwd=tmp_path)
     summary = read_summary(tmp_path / "run")
     assert summary["precision"] == "bf16" and summary["val_loss"] == pytest.approx(summary["val_loss"])  # not NaN
+    check_bf16_forwards(tmp_path / "forwards", case, steps=3)  # bf16 weights from DeepSpeed's engine, or autocast
 
 
 def test_the_lumi_seed_config_with_its_trailing_comma_runs(equivalence_runs: dict[str, Path]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, cli_env, max_difference, read_metrics, read_summary
+from conftest import REPO, cli_env, max_difference, read_metrics, read_summary, weights_as_saved
 
 SCRIPT = REPO / "tests" / "api_scripts" / "train_mlp.py"
 # SGD at lr 0.1 on an MLP without BatchNorm: runs that sum the same gradients in another order
@@ -127,11 +127,19 @@ def test_the_summary_counts_every_ranks_samples(runs: dict[str, Path]) -> None:
 def test_an_api_checkpoint_exports_to_a_plain_state_dict(runs: dict[str, Path], tmp_path: Path) -> None:
     from nodescale.train.export import consolidated_model_state, resolve
 
+    exports = {}
     for name, layout in (("ddp2", ".pt"), ("fsdp2", ""), ("zero2", "")):  # a full file, DCP's and DeepSpeed's
         path = resolve(runs[name])
         assert path.name == f"step-00000010{layout}"
-        exported = consolidated_model_state(path)
-        assert set(exported) == set(result(runs[name])["weights"])
+        exports[name] = consolidated_model_state(path)
+        assert set(exports[name]) == set(result(runs[name])["weights"])
+        # The values the files hold, as torch.load, DCP and DeepSpeed's zero_to_fp32 read them themselves.
+        saved = weights_as_saved(path)
+        assert exports[name].keys() == saved.keys()
+        assert all(torch.equal(exports[name][k], saved[k]) for k in saved), name
+    # The three runs are one run's arithmetic in another layout (as their final weights): so are their step 10s.
+    assert max_difference(exports["fsdp2"], exports["ddp2"]) < TOLERANCE
+    assert max_difference(exports["zero2"], exports["ddp2"]) < TOLERANCE
 
 
 def test_sigterm_to_one_rank_stops_every_rank_with_a_checkpoint_and_exit_code_3(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import cli_env, final_weights, max_difference, read_summary, run_cli
+from conftest import cli_env, final_weights, max_difference, observed_forwards, observed_model, read_summary, run_cli
 
 pytestmark = pytest.mark.multiproc
 pytest_plugins = ["shared_runs"]  # the DDP runs FSDP must match, and FSDP's, shared with other modules
@@ -241,19 +242,49 @@ def test_bad_fsdp_settings_are_refused_before_any_process_starts(args: list[str]
     assert not (tmp_path / "run").exists()
 
 
+@dataclass(frozen=True)
+class Bf16Case:
+    """A model trained in bf16 (through tests/user_code/observed.py), and what one of its layers must see."""
+
+    model: str
+    shape: tuple[int, ...]  # of its samples
+    data: list[str]
+    watch: str  # a Linear or Conv2d of the model
+    weight: str  # that layer's weight dtype in the forward; its output is bf16 either way
+    settings: dict[str, Any]
+
+    def flags(self, record: Path) -> list[str]:
+        return [*observed_model(self.model, self.shape, record, [self.watch], **self.settings), *self.data]
+
+
 # bf16 matrix products are slow on CPUs without bf16 instructions: the vit sees 4 tokens a sample
 # (not 64) and evaluates 8 samples (not 359); bf16 parameters in FSDP's policy are what it is here for.
-SMALL_VIT_DATA = ["--set", "model.patch_size=4", "--dataset", "synthetic", "--set", "data.image_size=8",
-                  "--set", "data.samples=64"]
-BF16_MODELS = [pytest.param("cnn", [], id="cnn"), pytest.param("vit_tiny", SMALL_VIT_DATA, id="vit_tiny")]
+# BatchNorm keeps fp32 parameters (FSDP's policy, DeepSpeed's config), its forward under bf16 autocast.
+BF16_MODELS = [pytest.param(Bf16Case("cnn", (1, 8, 8), [], "layer1.conv", "float32", {}), id="cnn"),
+               pytest.param(Bf16Case("vit_tiny", (3, 8, 8), ["--dataset", "synthetic", "--set", "data.image_size=8",
+                                                             "--set", "data.samples=64"],
+                                     "blocks.0.mlp.0", "bfloat16", {"patch_size": 4}), id="vit_tiny")]
 
 
-@pytest.mark.parametrize(("model", "data"), BF16_MODELS)  # with BatchNorm, and without
-def test_nproc_starts_the_fsdp_ranks_in_bf16(model: str, data: list[str], tmp_path: Path) -> None:
-    run_cli(["train", "--strategy", "fsdp", "--nproc", "2", "--precision", "bf16", "--model", model, *data,
+def check_bf16_forwards(record: Path, case: Bf16Case, steps: int) -> None:
+    """Each rank trained ``steps`` forwards, and from the first on every forward (evaluation's too) computed
+    in bf16. (Before it, nodescale tries a sample on the model as built: in fp32, without gradients.)"""
+    forwards = observed_forwards(record)
+    assert sorted(forwards) == [0, 1]
+    for rank, lines in forwards.items():
+        assert sum(line["training"] for line in lines) == steps, (rank, lines)
+        run = lines[next(i for i, line in enumerate(lines) if line["training"]):]
+        assert not run[-1]["training"], (rank, lines)  # evaluated after training
+        assert {(line["weight"], line["output"]) for line in run} == {(case.weight, "bfloat16")}, (rank, lines)
+
+
+@pytest.mark.parametrize("case", BF16_MODELS)  # with BatchNorm, and without
+def test_nproc_starts_the_fsdp_ranks_in_bf16(case: Bf16Case, tmp_path: Path) -> None:
+    run_cli(["train", "--strategy", "fsdp", "--nproc", "2", "--precision", "bf16", *case.flags(tmp_path / "forwards"),
              "--batch-size", "8", "--max-steps", "3", "--no-progress", "--out", "run"], cwd=tmp_path)
     summary = read_summary(tmp_path / "run")
     assert summary["world_size"] == 2 and summary["strategy"] == "fsdp" and summary["precision"] == "bf16"
+    check_bf16_forwards(tmp_path / "forwards", case, steps=3)  # the setting took effect in the ranks
 
 
 def test_fsdp_mixed_precision_policy_follows_the_precision_and_batchnorm() -> None:

@@ -29,8 +29,9 @@ from nodescale.models.introspect import repeated_blocks, unwrap
 from nodescale.models.registry import build_model
 from nodescale.models.spec import InputSpec
 from nodescale.train.loss import per_sample_loss
+from required import require_module
 
-transformers = pytest.importorskip("transformers")
+transformers = require_module("transformers", "every Hugging Face model test")
 
 SEQ_LEN, VOCAB = 16, 64
 TOKENS = '''

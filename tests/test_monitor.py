@@ -1,23 +1,23 @@
-"""``--monitor``: a real sampler on this machine, the device readers, and the report's monitor section.
+"""``--monitor``: a real sampler on this machine, and the device readers (the report's section: test_monitor_report.py).
 
 The sampler runs for real (psutil on this process and on busy and exiting
-children); NVML is looked for for real (on a machine without a driver it must
-quietly find nothing); the rocm-smi parsers read the outputs in
+children), the tests waiting for the rows they check, never for a time; its schedule is
+checked to the millisecond on a scripted clock. NVML is looked for for real (on a machine
+without a driver it must quietly find nothing); the rocm-smi parsers read the outputs in
 ``tests/golden/rocm_smi`` (see its README for where they come from).
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import os
-import re
 import shutil
-import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -31,11 +31,9 @@ from nodescale.observe.device_parsing import (
     rocm_visible_indices,
 )
 from nodescale.observe.device_readers import NvmlReader, detect_reader
-from nodescale.observe.monitor import HOST_COLUMNS, NodeMonitor, device_columns
-from nodescale.report.build import build_report
+from nodescale.observe.monitor import HOST_COLUMNS, NodeMonitor
 
 ROCM_GOLDEN = Path(__file__).resolve().parent / "golden" / "rocm_smi"
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 INTERVAL = 0.2
 
 
@@ -57,21 +55,57 @@ def _dead_pid() -> int:
     return done.pid
 
 
+def _rows_written(path: Path) -> int:
+    """Whole rows in the monitor's file so far (it is written and flushed a row at a time)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return 0
+    return max(text.count("\n") - 1, 0)
+
+
+def _wait_for_rows(path: Path, count: int) -> int:
+    """Until ``path`` holds ``count`` rows (the sampler's event, not a time); the rows then written."""
+    deadline = time.monotonic() + 120  # only a test that is failing waits this long
+    while (written := _rows_written(path)) < count:
+        assert time.monotonic() < deadline, f"the monitor wrote {written} of {count} rows"
+        time.sleep(0.02)
+    return written
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system  # what psutil's cpu_percent counts
+
+
 def test_monitor_samples_this_process_and_a_busy_child(tmp_path: Path) -> None:
     """Rows on the interval with plausible figures; a pid that exits mid-run (and one already gone) is dropped."""
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    short = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.4)"])
+    short = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     path = tmp_path / "monitor" / "node-3.csv"
     monitor = NodeMonitor(path, INTERVAL, [os.getpid(), busy.pid, short.pid, _dead_pid()], "testhost", 3)
+    spinner = psutil.Process(busy.pid)
     try:
+        began = time.monotonic()
         monitor.start()
-        time.sleep(0.8)
+        _wait_for_rows(path, 1)  # the first row read the busy child's CPU time before this reading
+        busy_from = _cpu_seconds(spinner)
+        short.kill()
         short.wait()  # reaped while the monitor runs: its pid is gone for good
-        time.sleep(0.7)
-        result = monitor.stop()
+        rows_at_exit = _wait_for_rows(path, 2)
+        _wait_for_rows(path, rows_at_exit + 3)  # sampling goes on after the exit
+        deadline = time.monotonic() + 120
+        while _cpu_seconds(spinner) < busy_from + 0.2:  # the child has spun (however many cores it shares)
+            assert time.monotonic() < deadline, "the busy child got no CPU time"
+            time.sleep(0.02)
+        busy_to = _cpu_seconds(spinner)
+        result = monitor.stop()  # whose final row reads the child's CPU time after busy_to
+        ended = time.monotonic()
     finally:
         busy.kill()
         busy.wait()
+        short.kill()
+        short.wait()
 
     header, rows = _rows(path)
     assert path.read_text().endswith("\n")  # the file is complete: the last row was written whole
@@ -80,20 +114,19 @@ def test_monitor_samples_this_process_and_a_busy_child(tmp_path: Path) -> None:
     if on_cpu:
         assert header == list(HOST_COLUMNS) and result.devices == [] and result.energy_joules is None
     assert result.path == path and result.interval_s == INTERVAL and result.samples == len(rows)
-    # ~1.5 s at 0.2 s: the first row, ~7 on the interval and the final one (loose: 2 shared cores).
-    assert 6 <= len(rows) <= 11, len(rows)
+    assert len(rows) >= rows_at_exit + 3 + 1  # the rows waited for, and stop()'s
     assert all(len(row) == len(header) and None not in row.values() for row in rows)
     assert {row["host"] for row in rows} == {"testhost"} and {row["node_rank"] for row in rows} == {"3"}
 
     times = [float(row["time"]) for row in rows]
-    elapsed = [float(row["elapsed_s"]) for row in rows]
-    assert elapsed[0] == 0.0 and all(b > a for a, b in zip(times, times[1:], strict=False))
-    regular = elapsed[:-1]  # the last row is stop()'s, off the grid
-    steps = [b - a for a, b in zip(regular, regular[1:], strict=False)]
-    assert statistics.median(steps) == pytest.approx(INTERVAL, abs=0.05)
-    # Deadlines are start + k * interval: each row sits near a multiple of the interval (no drift).
-    offsets = [abs(e / INTERVAL - round(e / INTERVAL)) * INTERVAL for e in regular]
-    assert statistics.median(offsets) < 0.03 and max(offsets) < 0.09, regular
+    elapsed = [round(float(row["elapsed_s"]) * 1000) for row in rows]  # whole milliseconds, as written
+    assert elapsed[0] == 0 and times == sorted(times)  # (stop()'s row may come within the millisecond)
+    # Deadlines are start + k * interval and a wait never ends before its deadline: each row has a tick of
+    # its own (a late row skips ticks, none is added), however loaded the machine. The grid's exact timing:
+    # test_rows_keep_to_the_grid_and_skip_the_ticks_a_late_sample_missed.
+    ticks = [ms // round(INTERVAL * 1000) for ms in elapsed[:-1]]  # the last row is stop()'s, off the grid
+    assert all(tick >= k for k, tick in enumerate(ticks)) and ticks == sorted(set(ticks)), elapsed
+    assert elapsed[-1] >= elapsed[-2]
 
     cores = psutil.cpu_count() or 1
     total_memory = psutil.virtual_memory().total
@@ -104,24 +137,84 @@ def test_monitor_samples_this_process_and_a_busy_child(tmp_path: Path) -> None:
     for row in rows:
         assert 10e6 < int(row["procs_rss_bytes"]) < total_memory
         assert 0 < int(row["host_mem_used_bytes"]) <= int(row["host_mem_total_bytes"]) == total_memory
-    # The busy child spins a whole core; even sharing two loaded cores with other work it shows.
-    assert max(float(row["procs_cpu_percent"]) for row in rows[1:]) > 10.0
-    # Sampling went on after the short child exited (its last rows are later than ~0.8 s).
-    assert elapsed[-1] > 1.2
+    # The child's own percentages, weighted by their intervals, add up to its CPU time between the first row
+    # and the last, which spans at least busy_from..busy_to and lasts at most began..ended: one row at least
+    # shows its mean rate over that span (less psutil's and the file's rounding to 0.1, twice 0.05).
+    least = 100.0 * (busy_to - busy_from) / (ended - began) - 0.1
+    assert max(float(row["procs_cpu_percent"]) for row in rows[1:]) >= least, (least, rows)
+
+
+class _ScriptedClock:
+    """The sampler's clock and stop event: a wait moves the clock to its deadline, late by the next of
+    ``lateness`` (a busy machine, a slow sample); once they are used up it waits for stop()."""
+
+    def __init__(self, lateness: list[float]) -> None:
+        self.now = 0.0
+        self.lateness = list(lateness)
+        self.waiting = threading.Event()  # the script is done: the sampler waits for stop()
+        self.stopped = threading.Event()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return 1_700_000_000.0 + self.now
+
+    def wait(self, timeout: float) -> bool:
+        if not self.lateness:
+            self.waiting.set()
+            return self.stopped.wait()
+        self.now += max(timeout, 0.0) + self.lateness.pop(0)  # a deadline passed already: no wait
+        return False
+
+    def set(self) -> None:
+        self.stopped.set()
+
+
+def test_rows_keep_to_the_grid_and_skip_the_ticks_a_late_sample_missed(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deadlines are start + k * interval: a late row does not move the later ones, and one later than a whole
+    interval skips the ticks it missed rather than catching up."""
+    from nodescale.observe import monitor as sampler
+
+    clock = _ScriptedClock([0.0, 0.05, 0.0, 0.6, 0.01])  # the waits after rows 0-4
+    monkeypatch.setattr(sampler, "time", SimpleNamespace(monotonic=clock.monotonic, time=clock.time,
+                                                         thread_time=time.thread_time))
+    path = tmp_path / "node-0.csv"
+    monitor = NodeMonitor(path, 0.25, [os.getpid()], "h", 0)
+    monitor._stop = clock  # type: ignore[assignment]  # its waits, on the scripted clock
+    monitor.start()
+    assert clock.waiting.wait(timeout=120)
+    clock.now += 0.1  # stop() comes a little after the last row
+    result = monitor.stop()
+    _, rows = _rows(path)
+    # 0.25 on time; 0.55 late by 0.05; 0.75 on the grid again (a drifting schedule: 0.80); 1.60 late by 0.6,
+    # so ticks 1.25 and 1.50 are skipped and the next row is at 1.75 + 0.01; then stop()'s final row.
+    assert [float(row["elapsed_s"]) for row in rows] == [0.0, 0.25, 0.55, 0.75, 1.6, 1.76, 1.86]
+    assert [float(row["time"]) - 1_700_000_000.0 for row in rows] == pytest.approx([0.0, 0.25, 0.55, 0.75, 1.6,
+                                                                                   1.76, 1.86], abs=1e-3)
+    assert result.samples == 7
 
 
 def test_stop_is_prompt_idempotent_and_final(tmp_path: Path) -> None:
     """A 30 s interval: stop() returns at once with the first row and a final one; a second stop() changes nothing."""
     path = tmp_path / "node-0.csv"
     monitor = NodeMonitor(path, 30.0, [os.getpid()], "h", 0)
-    monitor.start()
-    time.sleep(0.3)
     began = time.monotonic()
+    monitor.start()
+    _wait_for_rows(path, 1)
+    first_seen = time.monotonic()  # after the clock's start
+    time.sleep(0.3)  # a gap for the final row to show, not a bound
+    stopping = time.monotonic()
     result = monitor.stop()
-    assert time.monotonic() - began < 1.0
+    stopped = time.monotonic()
     _, rows = _rows(path)
     assert result.samples == len(rows) == 2
-    assert float(rows[1]["elapsed_s"]) == pytest.approx(0.3, abs=0.2)
+    # The final row was taken inside stop(), on a clock started between began and first_seen (3 decimals)...
+    final = float(rows[1]["elapsed_s"])
+    assert stopping - first_seen - 0.0005 <= final <= stopped - began + 0.0005
+    # ...before the first deadline: stop() ended the 30 s wait (a wait left to run ends at 30 s or later).
+    assert final < 30.0 and stopped - began < 30.0
     assert monitor.stop() is result
     monitor.start()  # after stop: nothing restarts, nothing is rewritten
     assert _rows(path)[1] == rows
@@ -136,8 +229,7 @@ def test_stop_without_start_and_an_unwritable_path(tmp_path: Path) -> None:
     monitor = NodeMonitor(blocker / "node-0.csv", 0.1, [os.getpid()], "h", 0)
     with pytest.warns(RuntimeWarning, match="cannot write"):
         monitor.start()
-        time.sleep(0.2)
-        assert monitor.stop().samples == 0
+        assert monitor.stop().samples == 0  # stop() joins the thread: its warning came before
 
 
 def test_device_readers_find_nothing_without_a_driver() -> None:
@@ -225,74 +317,3 @@ def test_rocm_smi_names_and_bad_output() -> None:
     assert rocm_smi_cards("WARNING: a note first\n" + text + "\ntrailing text") == rocm_smi_cards(text)
     for bad in ("", "ERROR: No AMD GPUs specified", "{\"card0\": ", "[1, 2]", "{\"system\": {}}"):
         assert rocm_smi_cards(bad) == {}
-
-
-# --- the report -------------------------------------------------------------------------------------------------
-
-
-def _write_monitor_csv(path: Path, node: int, start: float, gpus: int, energy: bool, rows: int) -> None:
-    """A monitor file in the exact format NodeMonitor writes, with known numbers (and a last line cut off)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow([*HOST_COLUMNS, *device_columns(gpus)])
-        for k in range(rows):
-            cpu = "" if k == 0 else f"{10.0 + 7 * k:.1f}"
-            procs = "" if k == 0 else f"{90.0 + 11 * k + node:.1f}"
-            row = [f"{start + k:.3f}", f"{float(k):.3f}", f"host{node}", node, cpu, procs,
-                   1_000_000_000 + 50_000_000 * k, 30_000_000_000, 500_000_000_000]
-            for gpu in range(gpus):
-                row += [f"{40.0 + 5 * k + gpu:.1f}", 20_000_000_000 + 1_000_000_000 * k + gpu, 80_000_000_000,
-                        f"{50.0 + k:.1f}", f"{300.0 + 10 * k + gpu:.2f}", f"{310.5 * k + gpu:.3f}" if energy else ""]
-            writer.writerow(row)
-    with open(path, "a") as handle:
-        handle.write(f"{start + rows:.3f},{float(rows):.3f},host{node}")  # a crash mid-row
-
-
-def _mean_max(values: list[float]) -> str:
-    return f"{sum(values) / len(values):,.1f} / {max(values):,.1f}"
-
-
-def _table_row(text: str, first: str) -> list[str]:
-    for line in text.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if cells and cells[0] == first:
-            return cells[1:]
-    raise AssertionError(f"no table row {first!r}")
-
-
-def test_report_shows_the_monitor_next_to_throughput(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    start = 1_700_000_000.0
-    (run / "summary.json").write_text(json.dumps({"world_size": 4, "global_steps": 6, "samples_per_second": 900.0}))
-    steps = [{"time": start + 2 * i + 1.5, "kind": "step", "step": 2 * i + 2, "epoch": 0, "loss": 2.0 / (i + 1),
-              "samples_per_second": 800.0 + 50 * i} for i in range(3)]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in steps))
-    _write_monitor_csv(run / "monitor" / "node-0.csv", 0, start, gpus=2, energy=True, rows=8)
-    _write_monitor_csv(run / "monitor" / "node-1.csv", 1, start + 0.4, gpus=1, energy=False, rows=7)
-
-    report = build_report([run], tmp_path / "report")
-    text = report.read_text()
-    assert "### Node monitor" in text
-    image = re.search(r"!\[node usage of [^\]]*\]\(([^)]+)\)", text)
-    assert image and (report.parent / image.group(1)).read_bytes()[:8] == PNG_SIGNATURE
-
-    for node, gpus in ((0, 2), (1, 1)):
-        _, rows = _rows(run / "monitor" / f"node-{node}.csv")
-        rows = [row for row in rows if None not in row.values()]
-        cells = _table_row(text, f"node {node}")
-        cpu = [float(r["cpu_percent"]) for r in rows if r["cpu_percent"]]
-        procs = [float(r["procs_cpu_percent"]) for r in rows if r["procs_cpu_percent"]]
-        util = [float(r[f"gpu{g}_util_percent"]) for r in rows for g in range(gpus)]
-        memory = [int(r[f"gpu{g}_mem_used_bytes"]) for r in rows for g in range(gpus)]
-        assert cells[:7] == [f"host{node}", str(len(rows)), _mean_max(cpu), _mean_max(procs),
-                             f"{max(int(r['procs_rss_bytes']) for r in rows) / 1e6:,.1f}", _mean_max(util),
-                             f"{max(memory) / 1e6:,.1f}"]
-        if node == 0:
-            energy = sum(float(rows[-1][f"gpu{g}_energy_j"]) for g in range(gpus))
-            assert cells[7] == f"{energy:,.1f}"
-        else:
-            assert cells[7] == "n/a"  # node 1's GPU has no energy counter
-    assert "2 row(s) of the monitor files were incomplete" in text
-    assert "Device energy over the sampled period, all nodes" not in text  # not every node reported it

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from nodescale.launch import numa_binding, shell
 from nodescale.launch.render_pbs import render_pbs, walltime
 from nodescale.launch.render_slurm import render_slurm
 from nodescale.launch.spec import Container, JobSpec, Preset
+from scheduler_fixtures import require
 
 GOLDEN = golden_files.GOLDEN_ROOT / "launch"
 MODES = ("torchrun", "per-gpu", "spawn")
@@ -612,9 +612,7 @@ def test_slurm_head_address(nodelist: str, node_addr: str, expected: str, tmp_pa
 @pytest.mark.parametrize(("flavour", "binary"), [("mpich", "mpiexec.mpich"), ("openmpi", "mpiexec.openmpi")])
 @pytest.mark.parametrize("mode", ["torchrun", "per-gpu"])
 def test_real_mpiexec_one_node(flavour: str, binary: str, mode: str, tmp_path: Path, stub_bin: Path) -> None:
-    real = shutil.which(binary)
-    if real is None:
-        pytest.skip(f"{binary} is not installed")
+    real = require([binary], "the real mpiexec test")[binary]
     bin_dir = tmp_path / "real-bin"
     bin_dir.mkdir()
     # A wrapper, not a symlink: Hydra finds its proxy next to the path it was started as.

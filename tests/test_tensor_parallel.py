@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import final_weights, max_difference, read_summary, run_cli
+from conftest import final_weights, max_difference, read_summary, run_cli, weights_as_saved
 from nodescale.cli.main import main
 from nodescale.errors import UserError
 
@@ -91,7 +91,9 @@ def test_export_gives_a_plain_full_state_dict(runs: dict[str, Path], tmp_path: P
     state = torch.load(tmp_path / "model.pt", weights_only=True)
     assert all(type(t) is torch.Tensor for t in state.values()), "no DTensors in an export"
     GPT(NANO, vocab_size=256, seq_len=32).load_state_dict(state)  # strict: every key, whole shapes
-    assert max_difference(state, final_weights(runs["tp"])) == 0.0
+    # The values of the 2-D shards, put together by DCP's own loader (not nodescale's, as export's are).
+    saved = weights_as_saved(runs["tp"] / "checkpoints" / "step-00000004")
+    assert state.keys() == saved.keys() and all(torch.equal(state[k], saved[k]) for k in state)
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -24,6 +24,7 @@ from nodescale.config.schema import DataSection
 from nodescale.data import hf_dataset, jsonl, text, token_cache
 from nodescale.data.token_cache import ensure_token_cache, is_validation
 from nodescale.errors import UserError
+from required import require_module
 
 REPO = Path(__file__).resolve().parents[1]
 EOS = "<|endoftext|>"
@@ -157,7 +158,7 @@ def test_jsonl_reads_the_text_key_of_each_line(tmp_path, tokenizer_file):
 
 
 def test_hf_dataset_takes_its_train_and_validation_splits(tmp_path, tokenizer_file):
-    datasets = pytest.importorskip("datasets")
+    datasets = require_module("datasets", "a saved Hugging Face dataset")
     saved = datasets.DatasetDict({
         "train": datasets.Dataset.from_dict({"content": PARAGRAPHS[:5], "n": list(range(5))}),
         "validation": datasets.Dataset.from_dict({"content": PARAGRAPHS[5:], "n": list(range(3))}),
@@ -359,7 +360,7 @@ def test_empty_corpus_and_too_few_documents(tmp_path, tokenizer_file):
 
 
 def test_hf_dataset_bad_directories(tmp_path, tokenizer_file):
-    datasets = pytest.importorskip("datasets")
+    datasets = require_module("datasets", "a saved Hugging Face dataset")
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "x.txt").write_text("not a saved dataset")
     refused(hf_dataset.FORMAT, settings("hf_dataset", tmp_path / "plain", tokenizer_file), str(tmp_path / "plain"),

@@ -3,8 +3,9 @@
 ``python background_saves.py OUT STRATEGY MODE``: 6 AdamW steps of an MLP, a checkpoint at steps 2, 4 and 6.
 
 * ``sync``: every save waits (the reference); ``async``: every save in the background.
-* ``kill``: background saves; the step-4 save's files stall in ``os.fsync`` (as on a busy parallel
-  file system); two more steps are taken, then the process SIGKILLs itself.
+* ``kill`` (a sharded strategy: every rank writes a file): background saves; the step-4 save's files
+  stall in ``os.fsync`` (as on a busy parallel file system); two more steps are taken and, once this
+  rank's shard file is written and stuck in its fsync, the process SIGKILLs itself.
 * ``resume``: background saves, after loading the newest whole checkpoint.
 * ``stage-kill``: saves that wait, to ``checkpoint_stage=OUT-stage``; the step-4 copy into OUT stalls in
   ``os.fsync``; once it does, two more steps are taken, then the process SIGKILLs itself.
@@ -13,6 +14,7 @@
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,11 +27,14 @@ import nodescale
 out, strategy, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 real_fsync = os.fsync
 staged = mode == "stage-kill"
+shard_stalled = threading.Event()  # this rank's step-4 .distcp file is written and stuck in its fsync
 
 
 def stalled_fsync(fd: int) -> None:
     path = os.readlink(f"/proc/self/fd/{fd}")
     if "step-00000004" in path and not (staged and "-stage/" in path):  # not the step-2 save, nor the local one
+        if path.endswith(".distcp"):
+            shard_stalled.set()
         time.sleep(120)
     real_fsync(fd)
 
@@ -51,6 +56,10 @@ while ctx.global_step < 6:
     if mode.endswith("kill") and step == 6:  # before its save, which would wait for step 4's
         while staged and not any(Path(out).glob("checkpoints/step-00000004.partial/*")):  # rank 0's copy began
             time.sleep(0.05)
+        # The background thread may not have written a byte yet (a busy machine): the kill waits for it.
+        # (A save that does not run in the background never gets here before its files are whole.)
+        if not staged:
+            shard_stalled.wait(timeout=120)
         print(f"rank {ctx.rank}: step 6 taken while step 4 was being written", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     if step % 2 == 0:
