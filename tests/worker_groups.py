@@ -29,7 +29,7 @@ SECONDS = {
     "ddp_references": 420, "slurm_cluster": 350, "uninterrupted_two_rank_run": 170, "test_language_models.py": 60,
     "test_engine_api.py": 95, "test_tensor_parallel.py": 40, "test_watchdog.py": 40, "test_user_plugins.py": 40,
     "test_bench_comm.py": 40, "test_activation_checkpointing.py": 35, "test_shards.py": 55,
-    "test_stop_contract.py": 55,
+    "test_stop_contract.py": 55, "test_launcher_death.py": 30, "test_one_error.py": 20,
 }
 
 
