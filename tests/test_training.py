@@ -241,6 +241,7 @@ def test_compile_and_channels_last_train_the_same_weights_as_eager(tmp_path: Pat
 def test_two_rank_run_keeps_its_labelled_lines(uninterrupted_two_rank_run: TwoRankRun) -> None:
     """The forked ranks' output goes through the local launcher's labels into the run's ranks.log."""
     lines = (uninterrupted_two_rank_run.path / "ranks.log").read_text().splitlines()
-    assert lines[0].startswith("nodescale: the local launcher places 2 task(s)"), lines[:3]
+    assert lines[0].startswith("nodescale: launch at "), lines[:3]  # each launch headed: a resume appends
+    assert lines[1].startswith("nodescale: the local launcher places 2 task(s)"), lines[:3]
     assert any(line.startswith("[rank0]: ") for line in lines), lines[:20]
-    assert all(line.startswith(("[rank0]: ", "[rank1]: ")) for line in lines[1:]), lines[:20]
+    assert all(line.startswith(("[rank0]: ", "[rank1]: ")) for line in lines[2:]), lines[:20]
