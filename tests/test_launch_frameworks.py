@@ -14,9 +14,7 @@ installs them).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 import pytest
 
 from nodescale.launch.rank_logs import parse
+from required import require_module
 from scheduler_fixtures import SlurmCluster
 from test_launch_schedulers import finish, isolated, launch_slurm, slurm, submitted  # noqa: F401 (fixtures)
 from test_preemption import wait_until
@@ -32,14 +31,6 @@ from test_preemption import wait_until
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 SCRIPTS = Path(__file__).resolve().parent / "frameworks"
-
-
-def require_module(name: str) -> None:
-    if importlib.util.find_spec(name) is None:
-        reason = f"{name} is not installed: `bash scripts/test-setup.sh` installs it"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set: a missing framework is a failure here, not a skip)", pytrace=False)
-        pytest.skip(reason)
 
 
 def run_script(slurm: SlurmCluster, tmp_path: Path, name: str, timeout: float = 240,  # noqa: F811
@@ -68,7 +59,7 @@ def run_script(slurm: SlurmCluster, tmp_path: Path, name: str, timeout: float = 
 
 
 def test_lightning_ddp(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
-    require_module("lightning")
+    require_module("lightning", "a lightning script under nodescale launch")
     ranks = run_script(slurm, tmp_path, "lightning_script.py")
     for rank in ranks:
         # Under srun Lightning reads Slurm's variables itself and starts no processes of its own.
@@ -79,19 +70,19 @@ def test_lightning_ddp(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F8
 def test_lightning_without_its_slurm_detection(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
     # A job named "interactive" is Lightning's documented way to turn its Slurm detection off:
     # it then reads torchrun's variables, and needs the node's rank (GROUP_RANK) from per-gpu mode.
-    require_module("lightning")
+    require_module("lightning", "a lightning script under nodescale launch")
     ranks = run_script(slurm, tmp_path, "lightning_script.py", options=("--job-name", "interactive"))
     assert {rank["environment"] for rank in ranks} == {"LightningEnvironment"}, ranks
 
 
 def test_accelerate(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
-    require_module("accelerate")
+    require_module("accelerate", "an accelerate script under nodescale launch")
     ranks = run_script(slurm, tmp_path, "accelerate_script.py")
     assert {rank["distributed_type"] for rank in ranks} == {"DistributedType.MULTI_CPU"}, ranks
 
 
 def test_deepspeed_zero1(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
-    require_module("deepspeed")
+    require_module("deepspeed", "a deepspeed script under nodescale launch")
     ranks = run_script(slurm, tmp_path, "deepspeed_script.py")
     assert {rank["zero_stage"] for rank in ranks} == {1}, ranks
 
@@ -106,7 +97,7 @@ def test_a_stop_signal_requeues_through_its_own_handler(slurm: SlurmCluster, tmp
     - a bare exit code 3, even with --stop-handler nodescale, is a failure, not a requeue (before, the job
       script requeued it, for ever on a real cluster).
     """
-    require_module("lightning")
+    require_module("lightning", "a lightning script under nodescale launch")
     jobs = {}
     per_gpu = ("--gpus-per-node", "1", "--nproc-per-node", "1", "--mode", "per-gpu")  # one task per (fake) GPU
     for name, script, options in (("lightning", "lightning_requeue_script.py", ("--nodes", "2", *per_gpu)),

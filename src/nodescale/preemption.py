@@ -24,10 +24,8 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from nodescale.stop_signals import DEFAULT as SIGNALS
 from nodescale.stop_signals import EXIT_REQUEUE, parse_signals
-
-# nodescale train's default (train.stop_signals): the schedulers' warnings and the launchers' stop.
-SIGNALS = "SIGTERM,SIGUSR1,SIGUSR2"
 
 _stop: Any = None  # the process's StopRequest, made at the first requested()
 _grouped = False  # whether it agrees across a process group

@@ -23,6 +23,8 @@ REQUEUE_FILE_VARIABLE = "NODESCALE_REQUEUE_FILE"
 REQUEUE_STEP_KEY = "step"
 
 ALLOWED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGXCPU")
+# train.stop_signals' default, and nodescale.preemption's: the schedulers' warnings and the launchers' stop.
+DEFAULT = "SIGTERM,SIGUSR1,SIGUSR2"
 
 
 def normalise_signal_names(text: str) -> str:

@@ -23,6 +23,7 @@ from nodescale.data.section import DataSection
 from nodescale.errors import UserError, unknown_choice
 from nodescale.models.section import ModelSection
 from nodescale.section import MAX_SECONDS, Section, known_or_plugin
+from nodescale.stop_signals import DEFAULT as DEFAULT_STOP_SIGNALS
 
 LOSSES = ("auto", "cross_entropy", "mse")
 
@@ -69,8 +70,9 @@ class TrainSection(Section):
         False, description="recompute each repeated block's activations in backward instead of keeping them"
     )
     stop_signals: str = Field(
-        "SIGTERM,SIGUSR1,SIGUSR2", description="signals that make every rank stop at the next step boundary, "
-        "save a checkpoint and exit for requeue (comma-separated; 'none': keep the signals' default actions)"
+        DEFAULT_STOP_SIGNALS, description="signals that make every rank stop at a step boundary soon after "
+        "(within about 0.4 s, or two longer steps), save a checkpoint and exit for requeue (comma-separated; "
+        "'none': keep the signals' default actions)"
     )
     heartbeat_timeout_s: float = Field(
         300.0, ge=0, le=MAX_SECONDS, description="fail the job when a rank makes no progress for this many seconds, "

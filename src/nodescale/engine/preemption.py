@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nodescale.atomic_files import write_text_atomic
 from nodescale.distributed.process_group import Runtime
 from nodescale.launcher_death import end_with_launcher, launcher_gone, watch_launcher
 from nodescale.stop_signals import REQUEUE_FILE_VARIABLE, requeue_marker
@@ -110,9 +111,7 @@ def write_requeue_file(step: int, run_dir: Path | None = None) -> Path | None:
         return None
     path = Path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(requeue_marker(step, str(run_dir) if run_dir is not None else None))
-    partial.replace(path)
+    write_text_atomic(path, requeue_marker(step, str(run_dir) if run_dir is not None else None))
     return path
 
 
